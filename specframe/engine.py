@@ -1,0 +1,217 @@
+"""SpecDecoder: prefill -> [build tree -> verify in one target forward -> commit] loop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
+from .options import build_options
+from .plugins import get_registry
+from .target import TargetModel
+from .tree import InvalidTreeError
+
+PluginSpec = Any  # "name" | ("name", {options}) | instance
+
+
+class EngineError(RuntimeError):
+    """A plugin broke the engine's contract (e.g. an invalid or over-budget tree)."""
+
+
+@dataclass
+class GenerationOutput:
+    """Result of one ``generate`` call."""
+
+    tokens: list[int]
+    steps: list[StepStats] = field(default_factory=list)
+    wall_time: float = 0.0
+    stopped_at_eos: bool = False
+
+    @property
+    def target_forwards(self) -> int:
+        """Verification forwards (one per step; the prefill is not counted)."""
+        return len(self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per target forward, bonus included."""
+        return len(self.tokens) / max(1, len(self.steps))
+
+    @property
+    def delta(self) -> float:
+        """Draft forwards per target forward."""
+        return sum(s.draft_forwards for s in self.steps) / max(1, len(self.steps))
+
+
+def _split_spec(spec: PluginSpec) -> tuple[str, dict]:
+    if isinstance(spec, str):
+        return spec, {}
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str):
+        return spec[0], dict(spec[1] or {})
+    raise TypeError(f"plugin spec must be a name, (name, options) or an instance, got {spec!r}")
+
+
+def make_plugin(kind: str, spec: PluginSpec, *extra: Any) -> Any:
+    """Instantiate a plugin of ``kind`` from a name, ``(name, options)`` or pass an instance."""
+    base = {"policies": TreePolicy, "drafters": Drafter, "verifiers": Verifier}[kind]
+    if isinstance(spec, base):
+        return spec
+    name, values = _split_spec(spec)
+    cls = get_registry().get(kind, name)
+    options = build_options(cls.Options, values, f"{kind[:-1]} {name!r}")
+    return cls(options, *extra)
+
+
+def _as_prompt(input_ids: Any) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"batch size {ids.shape[0]} is not supported: pass one prompt ([1, L] or [L])")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError("prompt is empty: pass at least one token id")
+    return ids
+
+
+def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
+    if eos is None:
+        return set()
+    if isinstance(eos, int):
+        return {eos}
+    return {int(e) for e in eos}
+
+
+class SpecDecoder:
+    """Speculative decoding with draft trees: any drafter x policy x verifier."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter, policy: TreePolicy, verifier: Verifier) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.policy = policy
+        self.verifier = verifier
+        if drafter.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"drafter {drafter.name!r} has vocabulary size {drafter.vocab_size}, the target has "
+                f"{target.vocab_size}: the pair must share one tokenizer"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        target: Any,
+        drafter: PluginSpec = "model",
+        policy: PluginSpec = "chain",
+        verifier: PluginSpec = "greedy",
+    ) -> "SpecDecoder":
+        """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
+
+        Each spec is a registered name, a ``(name, options_dict)`` pair or an instance.
+        Options are checked before any drafter model loads.
+        """
+        tgt = target if isinstance(target, TargetModel) else TargetModel(target)
+        pol = make_plugin("policies", policy)
+        ver = make_plugin("verifiers", verifier)
+        dra = make_plugin("drafters", drafter, tgt)
+        return cls(tgt, dra, pol, ver)
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 128,
+        eos_token_id: int | Sequence[int] | None = -1,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids``.
+
+        ``eos_token_id``: stop after emitting any of these ids; the default (-1) takes the
+        target's ``generation_config.eos_token_id``; None disables EOS stopping.
+        """
+        prompt = _as_prompt(input_ids)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        need = len(prompt) + max_new_tokens
+        if need > self.target.max_positions:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds "
+                f"the target's {self.target.max_positions} positions"
+            )
+        eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
+        start = time.perf_counter()
+        self.target.reset()
+        if len(prompt) > 1:
+            # The root (last prompt token) enters with the first tree, as in EAGLE.
+            self.target.causal_forward(prompt[:-1].to(self.target.device))
+        self.drafter.begin(prompt)
+        self.policy.reset()
+        committed = prompt.tolist()
+        out = GenerationOutput(tokens=[])
+        while len(out.tokens) < max_new_tokens:
+            emitted, stats = self._step(committed, max_new_tokens - len(out.tokens), eos, generator)
+            committed += emitted
+            out.tokens += emitted
+            out.steps.append(stats)
+            self.policy.observe(stats)
+            if eos and emitted[-1] in eos:
+                out.stopped_at_eos = True
+                break
+        out.wall_time = time.perf_counter() - start
+        return out
+
+    def _build_tree(self, committed: list[int]):
+        session = DraftSession(self.drafter, committed[-1], self.target.device)
+        limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
+        tree = self.policy.build(session, limit)
+        try:
+            tree.check_valid(limit)
+            if int(tree.tokens[0]) != committed[-1]:
+                raise InvalidTreeError(f"root token {int(tree.tokens[0])} is not the last committed token {committed[-1]}")
+        except InvalidTreeError as err:
+            raise EngineError(f"policy {self.policy.name!r} returned an invalid tree: {err}") from err
+        return tree, session
+
+    def _step(self, committed: list[int], remaining: int, eos: set[int], generator) -> tuple[list[int], StepStats]:
+        t0 = time.perf_counter()
+        tree, session = self._build_tree(committed)
+        t1 = time.perf_counter()
+        out = self.target.tree_forward(
+            tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
+            output_hidden_states=getattr(self.drafter, "needs_target_hidden", False),
+        )
+        logits = out.logits[0]
+        t2 = time.perf_counter()
+        verdict = self.verifier.verify(tree, logits, generator)
+        t3 = time.perf_counter()
+        path = verdict.accepted_path.to(tree.device)
+        emitted = tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)]
+        finished = len(emitted) >= remaining or any(t in eos for t in emitted)
+        emitted = emitted[:remaining]
+        for i, tok in enumerate(emitted):
+            if tok in eos:
+                emitted = emitted[: i + 1]
+                break
+        if not finished:
+            # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
+            self.target.keep(len(committed) - 1, path)
+            hidden = out.hidden_states if getattr(self.drafter, "needs_target_hidden", False) else None
+            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), path, hidden)
+        t4 = time.perf_counter()
+        draft_time = session.draft_time
+        stats = StepStats(
+            tree_size=len(tree),
+            depth=tree.max_depth,
+            accepted=len(path) - 1,
+            emitted=len(emitted),
+            draft_forwards=session.draft_forwards,
+            draft_time=draft_time,
+            policy_time=(t1 - t0) - draft_time,
+            target_time=t2 - t1,
+            verify_time=t3 - t2,
+            other_time=t4 - t3,
+            widths=tree.width_per_depth(),
+            accepted_ranks=tree.ranks[path[1:]].tolist(),
+        )
+        return emitted, stats

@@ -1,0 +1,164 @@
+"""Plugin manager: built-ins and third parties both load through the ``specframe`` entry points.
+
+``SPECFRAME_LOAD_PLUGINS`` (comma-separated distribution names) restricts which distributions'
+plugins load, so an A/B run can pin exactly the code it compares. Unset or empty means all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Iterable
+
+import pluggy
+
+from . import hookspecs
+
+hookimpl = pluggy.HookimplMarker("specframe")
+ENTRY_POINT_GROUP = "specframe"
+KINDS = ("policies", "drafters", "verifiers")
+_HOOK_OF_KIND = {
+    "policies": "register_tree_policies",
+    "drafters": "register_drafters",
+    "verifiers": "register_verifiers",
+}
+
+
+class PluginError(LookupError):
+    """Unknown plugin name or conflicting registrations; the message lists what is available."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered plugin class and where it came from."""
+
+    kind: str
+    name: str
+    cls: type
+    dist: str
+    version: str
+
+
+def allowed_distributions() -> set[str] | None:
+    """Distribution names allowed by ``SPECFRAME_LOAD_PLUGINS``, or None for all."""
+    raw = os.environ.get("SPECFRAME_LOAD_PLUGINS", "").strip()
+    if not raw:
+        return None
+    return {part.strip().lower() for part in raw.split(",") if part.strip()}
+
+
+class Registry:
+    """Registered policies, drafters and verifiers, gathered through pluggy hooks."""
+
+    def __init__(self, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager("specframe")
+        self.pm.add_hookspecs(hookspecs)
+        self._origin: dict[int, tuple[str, str]] = {}
+        self._plugins: dict[str, dict[str, PluginInfo]] | None = None
+        if load_entry_points:
+            self.load_entry_points()
+
+    def load_entry_points(self) -> None:
+        """Import and register every ``specframe`` entry point of the allowed distributions."""
+        allowed = allowed_distributions()
+        seen: set[tuple[str, str]] = set()
+        for dist in metadata.distributions():
+            dist_name = dist.metadata["Name"] or "?"
+            if allowed is not None and dist_name.lower() not in allowed:
+                continue
+            for ep in dist.entry_points:
+                if ep.group != ENTRY_POINT_GROUP or (dist_name, ep.name) in seen:
+                    continue
+                seen.add((dist_name, ep.name))
+                self.register(ep.load(), dist=dist_name, version=dist.version, name=f"{dist_name}:{ep.name}")
+
+    def register(self, plugin: Any, dist: str = "<local>", version: str = "", name: str | None = None) -> None:
+        """Register a plugin object (module or instance with hookimpls) from a distribution."""
+        if self.pm.is_registered(plugin):
+            return
+        self.pm.register(plugin, name=name)
+        self._origin[id(plugin)] = (dist, version)
+        self._plugins = None
+
+    def _collect(self) -> dict[str, dict[str, PluginInfo]]:
+        if self._plugins is not None:
+            return self._plugins
+        found: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
+        for kind, hook_name in _HOOK_OF_KIND.items():
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                dist, version = self._origin.get(id(impl.plugin), ("<local>", ""))
+                impl.function(register=self._registrar(found[kind], kind, dist, version))
+        self._plugins = found
+        return found
+
+    @staticmethod
+    def _registrar(table: dict[str, PluginInfo], kind: str, dist: str, version: str):
+        def register(cls: type) -> None:
+            name = getattr(cls, "name", "")
+            if not name:
+                raise PluginError(f"{kind[:-1]} class {cls.__qualname__} from {dist} has no `name`")
+            if name in table and table[name].cls is not cls:
+                raise PluginError(
+                    f"{kind[:-1]} name {name!r} registered twice: by {table[name].dist} "
+                    f"({table[name].cls.__qualname__}) and by {dist} ({cls.__qualname__})"
+                )
+            table[name] = PluginInfo(kind, name, cls, dist, version)
+
+        return register
+
+    def infos(self, kind: str) -> list[PluginInfo]:
+        """All plugins of ``kind`` (policies, drafters or verifiers), sorted by name."""
+        return sorted(self._collect()[kind].values(), key=lambda p: p.name)
+
+    def names(self, kind: str) -> list[str]:
+        """Registered names of ``kind``."""
+        return [p.name for p in self.infos(kind)]
+
+    def get(self, kind: str, name: str) -> type:
+        """The class registered as ``name``; the error lists the available names."""
+        table = self._collect()[kind]
+        if name not in table:
+            avail = ", ".join(sorted(table)) or "(none loaded)"
+            raise PluginError(f"unknown {kind[:-1]} {name!r}; available {kind}: {avail}")
+        return table[name].cls
+
+    def commands_hook(self):
+        """The ``register_commands`` hook caller."""
+        return self.pm.hook.register_commands
+
+
+_registry: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry (entry points loaded on first use)."""
+    global _registry
+    if _registry is None:
+        _registry = Registry()
+    return _registry
+
+
+def reset_registry() -> None:
+    """Forget the process-wide registry (e.g. after changing SPECFRAME_LOAD_PLUGINS)."""
+    global _registry
+    _registry = None
+
+
+def available() -> dict[str, list[str]]:
+    """Names of every registered policy, drafter and verifier."""
+    reg = get_registry()
+    return {kind: reg.names(kind) for kind in KINDS}
+
+
+def register_plugin(plugin: Any, dist: str = "<local>") -> None:
+    """Register a plugin object in the process-wide registry without an entry point."""
+    get_registry().register(plugin, dist=dist)
+
+
+def iter_plugin_names(kinds: Iterable[str] = KINDS) -> Iterable[tuple[str, str]]:
+    """``(kind, name)`` pairs of every registered plugin."""
+    reg = get_registry()
+    for kind in kinds:
+        for name in reg.names(kind):
+            yield kind, name

@@ -1,0 +1,182 @@
+"""Adapter for any transformers causal LM: prefill, tree forward, KV compaction.
+
+The same adapter runs the target and model-based drafters. A tree goes through the model in one
+forward with an explicit 4D mask (prefix fully visible, tree part = ancestor mask) and explicit
+position ids; afterwards the cache keeps exactly the prefix plus the accepted path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot run tree attention (no custom 4D mask or position ids)."""
+
+
+def _architecture(model: Any) -> str:
+    archs = getattr(model.config, "architectures", None) or [type(model).__name__]
+    return archs[0]
+
+
+class TargetModel:
+    """Stateful wrapper over one transformers causal LM and its KV cache (batch size 1).
+
+    Device- and dtype-agnostic: masks and position ids follow the model's parameters.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval()
+        self.architecture = _architecture(model)
+        self.attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+        if self.attn_implementation not in SUPPORTED_ATTENTION:
+            raise UnsupportedModelError(
+                f"{self.architecture}: attention implementation {self.attn_implementation!r} cannot "
+                f"take a custom tree mask; load the model with attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        params = inspect.signature(model.forward).parameters
+        if "position_ids" not in params:
+            raise UnsupportedModelError(
+                f"{self.architecture}: forward() takes no position_ids, so tree nodes cannot be "
+                "placed at their depth; this architecture is not supported"
+            )
+        # transformers 5.x renames past_key_values -> cache; support whichever is installed.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        param = next(model.parameters())
+        self.device: torch.device = param.device
+        self.dtype: torch.dtype = param.dtype
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        cfg = model.config
+        self.max_positions: int = int(
+            getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 1 << 30
+        )
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True):
+            self.max_positions = min(self.max_positions, int(window))
+        self.eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.cache: Any = None
+        self.cache_len = 0
+
+    # ------------------------------------------------------------------ cache
+    def reset(self) -> None:
+        """Drop the KV cache (start of a new sequence)."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.cache_len = 0
+
+    def keep(self, start: int, slots: torch.Tensor) -> None:
+        """Compact the cache to entries ``[:start]`` plus ``start + slots`` (in that order).
+
+        Used after verification: the prefix stays, the accepted path's entries move right behind
+        it and everything else is dropped (a crop alone would keep rejected siblings).
+        """
+        slots = slots.to(self.device, torch.long)
+        n = int(slots.numel())
+        contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            if contiguous:
+                layer.keys = layer.keys[..., : start + n, :]
+                layer.values = layer.values[..., : start + n, :]
+            else:
+                idx = slots + start
+                layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., idx, :]], dim=-2)
+                layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., idx, :]], dim=-2)
+        self.cache_len = start + n
+
+    # ------------------------------------------------------------------ forwards
+    def _mask(self, new_mask: torch.Tensor) -> torch.Tensor:
+        """4D mask ``[1, 1, q, cache_len + q]`` from a mask over the cache's tail + new tokens.
+
+        ``new_mask`` is ``[q, t + q]``: its columns are the last ``t`` cache entries followed by
+        the new tokens; every earlier cache entry (the committed prefix) is visible to all.
+        """
+        q, cols = new_mask.shape
+        visible = self.cache_len + q - cols
+        full = torch.cat(
+            [torch.ones(q, visible, dtype=torch.bool, device=self.device), new_mask.to(self.device)],
+            dim=1,
+        )[None, None]
+        if self.attn_implementation == "sdpa":
+            return full
+        # Eager adds the mask to the scores, so it needs an additive float mask in the model dtype.
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.where(full, zero, torch.finfo(self.dtype).min)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        new_mask: torch.Tensor,
+        output_hidden_states: bool = False,
+    ) -> Any:
+        """Run ``tokens`` (``[q]``) at ``positions`` on top of the cache; appends them to it.
+
+        ``new_mask`` (bool) is ``[q, q]`` (attention among the new tokens, whole cache visible) or
+        ``[q, t + q]`` (also masking the last ``t`` cache entries, e.g. tree nodes of a drafter).
+
+        Returns the model output (``.logits`` is ``[1, q, V]``).
+        """
+        if self.cache is None:
+            self.reset()
+        q = int(tokens.shape[0])
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"position {int(positions.max())} is beyond the model's {self.max_positions} positions"
+            )
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions.to(self.device)[None],
+            attention_mask=self._mask(new_mask),
+            use_cache=True,
+            output_hidden_states=output_hidden_states,
+            **{self._cache_kw: self.cache},
+        )
+        self.cache_len += q
+        return out
+
+    def causal_forward(self, tokens: torch.Tensor, output_hidden_states: bool = False) -> Any:
+        """Append a plain sequence of tokens after the cache (prefill / catch-up)."""
+        q = int(tokens.shape[0])
+        positions = torch.arange(self.cache_len, self.cache_len + q, device=self.device)
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        return self.forward(tokens, positions, causal, output_hidden_states)
+
+    def tree_forward(
+        self, tree_tokens: torch.Tensor, positions: torch.Tensor, ancestor_mask: torch.Tensor,
+        output_hidden_states: bool = False,
+    ) -> Any:
+        """Forward a whole draft tree (already ordered topologically) on top of the cache."""
+        return self.forward(tree_tokens, positions, ancestor_mask, output_hidden_states)
+
+
+def load_causal_lm(
+    name_or_path: str,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    attn_implementation: str = "sdpa",
+) -> Any:
+    """Load a causal LM from a local path, a hub id or a shipped name (``demo-target``, ...).
+
+    Raises FileNotFoundError with the resolved path when a local-looking path does not exist.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .assets import resolve_model_path
+
+    path = resolve_model_path(name_or_path)
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype or torch.float32, attn_implementation=attn_implementation
+    )
+    if device is not None:
+        model = model.to(device)
+    return model.eval()

@@ -1,0 +1,42 @@
+"""Hypothesis strategies that generate valid random draft trees (reusable by third parties)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from specframe.tree import DraftTree
+
+
+@st.composite
+def draft_trees(draw, max_nodes: int = 64, vocab_size: int = 64, max_children: int | None = None) -> DraftTree:
+    """A valid DraftTree with 1..max_nodes nodes: random shape, distinct sibling tokens,
+    cumulative log-probs that never increase along a path."""
+    n = draw(st.integers(1, max_nodes))
+    parents, tokens, logp, ranks = [-1], [draw(st.integers(0, vocab_size - 1))], [0.0], [-1]
+    used: dict[int, set[int]] = {0: set()}
+    for i in range(1, n):
+        open_nodes = [p for p in range(i) if len(used[p]) < min(vocab_size, max_children or vocab_size)]
+        if not open_nodes:
+            break
+        p = draw(st.sampled_from(open_nodes))
+        tok = draw(st.integers(0, vocab_size - 1).filter(lambda t, p=p: t not in used[p]))
+        used[p].add(tok)
+        used[i] = set()
+        parents.append(p)
+        tokens.append(tok)
+        logp.append(logp[p] - draw(st.floats(0.0, 5.0, allow_nan=False)))
+        ranks.append(len(used[p]) - 1)
+    tree = DraftTree.root(tokens[0])
+    depths = [0]
+    for i in range(1, len(parents)):
+        depths.append(depths[parents[i]] + 1)
+    return DraftTree(
+        tokens=torch.tensor(tokens), parents=torch.tensor(parents), depths=torch.tensor(depths),
+        logp=torch.tensor(logp, dtype=torch.float32), ranks=torch.tensor(ranks),
+    ) if len(parents) > 1 else tree
+
+
+def prompts(vocab_size: int = 64, min_len: int = 1, max_len: int = 64):
+    """Prompt token-id lists (ids 2.. so that the tiny models' bos/eos ids stay special)."""
+    return st.lists(st.integers(2, vocab_size - 1), min_size=min_len, max_size=max_len)

@@ -1,0 +1,230 @@
+"""DraftTree: the one data structure every policy builds and every verifier reads.
+
+A tree is stored as flat tensors in topological order (a parent always precedes its children),
+so a whole tree goes through the target in one forward and algorithms stay vectorised.
+Node 0 is the root: the last committed token, whose successor the target predicts first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+
+Drafting = Literal["deterministic", "iid", "without_replacement"]
+DRAFTING_MODES: tuple[str, ...] = ("deterministic", "iid", "without_replacement")
+
+
+class InvalidTreeError(ValueError):
+    """A DraftTree violates one of its invariants; the message names which and where."""
+
+
+@dataclass
+class DraftTree:
+    """A draft tree in topological order.
+
+    Attributes:
+        tokens: ``[n]`` token id of each node (node 0 = root = last committed token).
+        parents: ``[n]`` parent index, ``parents[0] == -1`` and ``parents[i] < i``.
+        depths: ``[n]`` depth, 0 at the root.
+        logp: ``[n]`` cumulative draft log-probability of the path root -> node (0 at root).
+        ranks: ``[n]`` rank of the node among its parent's candidate children by draft
+            probability (0 = most likely; -1 at the root, or where unknown). Used by reports.
+        draft_probs: optional ``[n, V]`` draft distribution q over the children of each node,
+            needed by stochastic verifiers; rows of nodes that were never expanded are unused.
+        drafting: how children were chosen: ``deterministic`` (top-k / gated), ``iid``
+            (sampled i.i.d. from q) or ``without_replacement``.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    logp: torch.Tensor
+    ranks: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+    drafting: Drafting = "deterministic"
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def root(cls, token: int, device: torch.device | str | None = None) -> "DraftTree":
+        """A tree holding only the root node with the given token."""
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            tokens=torch.tensor([int(token)], **long),
+            parents=torch.tensor([-1], **long),
+            depths=torch.tensor([0], **long),
+            logp=torch.zeros(1, dtype=torch.float32, device=device),
+            ranks=torch.tensor([-1], **long),
+        )
+
+    def add_nodes(
+        self,
+        parents: torch.Tensor,
+        tokens: torch.Tensor,
+        logp: torch.Tensor,
+        ranks: torch.Tensor | None = None,
+    ) -> "DraftTree":
+        """Return a new tree with nodes appended (parents must already be in the tree).
+
+        ``parents`` index existing nodes; ``logp`` is the new nodes' cumulative log-prob.
+        """
+        parents = parents.to(self.parents.device, torch.long)
+        if ranks is None:
+            ranks = torch.full_like(parents, -1)
+        return replace(
+            self,
+            tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
+            parents=torch.cat([self.parents, parents]),
+            depths=torch.cat([self.depths, self.depths[parents] + 1]),
+            logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
+            ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
+            _cache={},
+        )
+
+    def select(self, keep: torch.Tensor) -> "DraftTree":
+        """Sub-tree of the nodes in ``keep`` (indices, must include 0 and be ancestor-closed).
+
+        Nodes are re-indexed in ascending order of their old index, so topological order holds.
+        """
+        keep = torch.unique(keep.to(self.parents.device, torch.long))  # sorted ascending
+        new_index = torch.full((len(self),), -1, dtype=torch.long, device=keep.device)
+        new_index[keep] = torch.arange(len(keep), device=keep.device)
+        old_parents = self.parents[keep]
+        parents = torch.where(old_parents >= 0, new_index[old_parents.clamp(min=0)], old_parents)
+        if bool((parents[1:] < 0).any()) or int(keep[0]) != 0:
+            raise InvalidTreeError("select(): the kept nodes are not ancestor-closed or miss the root")
+        return replace(
+            self,
+            tokens=self.tokens[keep],
+            parents=parents,
+            depths=self.depths[keep],
+            logp=self.logp[keep],
+            ranks=self.ranks[keep],
+            draft_probs=None if self.draft_probs is None else self.draft_probs[keep],
+            _cache={},
+        )
+
+    # ------------------------------------------------------------------ derived views
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the tree's tensors."""
+        return self.tokens.device
+
+    @property
+    def max_depth(self) -> int:
+        """Depth of the deepest node (0 for a root-only tree)."""
+        return int(self.depths.max())
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """``[n, n]`` bool, ``mask[i, j]`` is True iff j is i itself or an ancestor of i.
+
+        This is the tree-attention mask: node i may attend to exactly these nodes. Built by
+        pointer doubling over depth (vectorised over nodes), not by a loop over nodes.
+        """
+        if "anc" not in self._cache:
+            n = len(self)
+            mask = torch.eye(n, dtype=torch.bool, device=self.device)
+            rows = torch.arange(n, device=self.device)
+            cur = rows.clone()
+            for _ in range(self.max_depth):
+                cur = self.parents[cur].clamp(min=0)
+                mask[rows, cur] = True
+            self._cache["anc"] = mask
+        return self._cache["anc"]
+
+    def positions(self, num_committed: int) -> torch.Tensor:
+        """Absolute position ids: with L committed tokens (root included) the root sits at L-1."""
+        return self.depths + (num_committed - 1)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive."""
+        path = [int(node)]
+        parents = self.parents.tolist()
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        return path[::-1]
+
+    def children(self, node: int) -> torch.Tensor:
+        """Indices of the children of ``node`` in tree order."""
+        return torch.nonzero(self.parents == node).flatten()
+
+    def leaves(self) -> torch.Tensor:
+        """Indices of nodes without children."""
+        has_child = torch.zeros(len(self), dtype=torch.bool, device=self.device)
+        has_child[self.parents[1:]] = True
+        return torch.nonzero(~has_child).flatten()
+
+    def width_per_depth(self) -> list[int]:
+        """Number of nodes at each depth 0..max_depth (the tree's shape)."""
+        return torch.bincount(self.depths).tolist()
+
+    # ------------------------------------------------------------------ validation
+    def check_valid(self, budget: int | None = None) -> None:
+        """Raise :class:`InvalidTreeError` naming the first violated invariant.
+
+        Checks: non-empty, aligned shapes, a single root at index 0, topological order,
+        depth = parent depth + 1, distinct sibling tokens, finite log-probs and, when given,
+        ``len(tree) <= budget`` (the root counts, as EAGLE's ``total_token``).
+        """
+        n = len(self)
+        if n == 0:
+            raise InvalidTreeError("tree is empty: it must contain at least the root")
+        for name in ("parents", "depths", "logp", "ranks"):
+            got = tuple(getattr(self, name).shape)
+            if got != (n,):
+                raise InvalidTreeError(f"{name} has shape {got}, expected ({n},) like tokens")
+        if int(self.parents[0]) != -1 or int(self.depths[0]) != 0:
+            raise InvalidTreeError("node 0 must be the root: parents[0] == -1 and depths[0] == 0")
+        idx = torch.arange(n, device=self.device)
+        bad = torch.nonzero((self.parents[1:] < 0) | (self.parents[1:] >= idx[1:])).flatten()
+        if len(bad):
+            i = int(bad[0]) + 1
+            raise InvalidTreeError(
+                f"topological order violated at node {i}: parent {int(self.parents[i])} "
+                f"must satisfy 0 <= parent < {i}"
+            )
+        bad = torch.nonzero(self.depths[1:] != self.depths[self.parents[1:]] + 1).flatten()
+        if len(bad):
+            i = int(bad[0]) + 1
+            raise InvalidTreeError(
+                f"depth of node {i} is {int(self.depths[i])}, expected parent depth + 1 = "
+                f"{int(self.depths[self.parents[i]]) + 1}"
+            )
+        if n > 1:
+            key = self.parents[1:] * (int(self.tokens.max()) + 1) + self.tokens[1:]
+            uniq, counts = torch.unique(key, return_counts=True)
+            if bool((counts > 1).any()):
+                dup = int(uniq[counts > 1][0])
+                v = int(self.tokens.max()) + 1
+                raise InvalidTreeError(
+                    f"siblings must have distinct tokens: parent {dup // v} has token {dup % v} "
+                    "more than once"
+                )
+        if not bool(torch.isfinite(self.logp).all()):
+            i = int(torch.nonzero(~torch.isfinite(self.logp)).flatten()[0])
+            raise InvalidTreeError(f"node {i} has a non-finite draft log-prob {float(self.logp[i])}")
+        if budget is not None and n > budget:
+            raise InvalidTreeError(f"tree has {n} nodes, over the budget of {budget} (root included)")
+
+    # ------------------------------------------------------------------ export
+    def to_networkx(self):
+        """A ``networkx.DiGraph`` (edges parent -> child) with token, depth, score, rank attributes."""
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        toks, deps, logp, ranks = (t.tolist() for t in (self.tokens, self.depths, self.logp, self.ranks))
+        for i in range(len(self)):
+            graph.add_node(i, token=toks[i], depth=deps[i], score=logp[i], rank=ranks[i])
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                graph.add_edge(p, i)
+        return graph
+
+    def describe(self) -> str:
+        """One-line shape summary, e.g. ``size=60 depth=7 widths=[1, 10, 14, ...]``."""
+        return f"size={len(self)} depth={self.max_depth} widths={self.width_per_depth()}"

@@ -1,0 +1,11 @@
+"""Built-in verifiers, registered through the ``specframe`` entry point like any plugin."""
+
+from specframe.plugins import hookimpl
+
+
+@hookimpl
+def register_verifiers(register):
+    """Register the built-in verifiers."""
+    from .greedy import GreedyVerifier
+
+    register(GreedyVerifier)
