@@ -58,7 +58,7 @@ class ModelDrafter(Drafter):
         """The draft model's output vocabulary size."""
         return self.lm.vocab_size
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Reset the cache; the prompt is forwarded lazily with the first layer of the first tree."""
         self.lm.reset()
         self.committed = [int(t) for t in prompt_ids.tolist()]

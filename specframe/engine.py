@@ -117,6 +117,10 @@ class SpecDecoder:
         dra = make_plugin("drafters", drafter, tgt)
         return cls(tgt, dra, pol, ver)
 
+    @property
+    def _needs_hidden(self) -> bool:
+        return bool(getattr(self.drafter, "needs_target_hidden", False))
+
     # ------------------------------------------------------------------ generation
     def generate(
         self,
@@ -142,10 +146,12 @@ class SpecDecoder:
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
         self.target.reset()
+        hidden = None
         if len(prompt) > 1:
             # The root (last prompt token) enters with the first tree, as in EAGLE.
-            self.target.causal_forward(prompt[:-1].to(self.target.device))
-        self.drafter.begin(prompt)
+            prefill = self.target.causal_forward(prompt[:-1].to(self.target.device), self._needs_hidden)
+            hidden = prefill.hidden_states if self._needs_hidden else None
+        self.drafter.begin(prompt, target_hidden=hidden)
         self.policy.reset()
         committed = prompt.tolist()
         out = GenerationOutput(tokens=[])
@@ -179,7 +185,7 @@ class SpecDecoder:
         t1 = time.perf_counter()
         out = self.target.tree_forward(
             tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
-            output_hidden_states=getattr(self.drafter, "needs_target_hidden", False),
+            output_hidden_states=self._needs_hidden,
         )
         logits = out.logits[0]
         t2 = time.perf_counter()
@@ -196,7 +202,7 @@ class SpecDecoder:
         if not finished:
             # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
             self.target.keep(len(committed) - 1, path)
-            hidden = out.hidden_states if getattr(self.drafter, "needs_target_hidden", False) else None
+            hidden = out.hidden_states if self._needs_hidden else None
             self.drafter.commit(torch.tensor(emitted, dtype=torch.long), path, hidden)
         t4 = time.perf_counter()
         draft_time = session.draft_time

@@ -30,6 +30,9 @@ class Drafter(ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    #: Feature-level drafters (EAGLE) set this: the engine then passes the target's hidden
+    #: states (the ``hidden_states`` tuple of the transformers output) to ``begin``/``commit``.
+    needs_target_hidden: ClassVar[bool] = False
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options
@@ -40,8 +43,12 @@ class Drafter(ABC):
         """Size of the distributions ``expand`` returns (must equal the target's)."""
         return self.target.vocab_size
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        """Start a new generation from ``prompt_ids`` (``[L]`` long tensor); drop old state."""
+    def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
+        """Start a new generation from ``prompt_ids`` (``[L]`` long tensor); drop old state.
+
+        ``target_hidden``: for drafters with ``needs_target_hidden``, the target's hidden states
+        of the prefill over ``prompt_ids[:-1]`` (None when the prompt is a single token).
+        """
 
     @abstractmethod
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
@@ -61,7 +68,8 @@ class Drafter(ABC):
 
         ``path`` holds the accepted node indices of the last tree (root first) so a drafter can
         keep the cache entries it already computed; ``target_hidden`` carries the target's
-        hidden states of the accepted path for feature-level drafters.
+        hidden states of the whole verified tree (index them with ``path``) for drafters with
+        ``needs_target_hidden``.
         """
 
 
