@@ -7,5 +7,12 @@ from specframe.plugins import hookimpl
 def register_tree_policies(register):
     """Register the built-in tree policies."""
     from .chain import ChainPolicy
+    from .eagle import EaglePolicy
+    from .opt_tree import OptTreePolicy
+    from .sequoia import SequoiaPolicy
+    from .static import StaticPolicy
+    from .talon import TalonPolicy
 
     register(ChainPolicy)
+    for policy in (TalonPolicy, EaglePolicy, StaticPolicy, OptTreePolicy, SequoiaPolicy):
+        register(policy)

@@ -1,0 +1,70 @@
+"""Policy ``eagle``: EAGLE-2/3 dynamic tree with fixed width and depth (SafeAILab/EAGLE ``topK_genrate``).
+
+Expand the root, keep its top-K children; then ``depth`` times: expand the K frontier nodes
+in one forward, add their top-K children each (K*K candidates) to the pool and keep the K best
+by cumulative log-prob as the next frontier. Finally re-rank the whole pool and keep the best
+N-1 nodes in pool (layer-major) order. Width and depth are fixed, so every step spends
+``depth + 1`` draft forwards whatever the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specframe.interfaces import DraftSession, TreePolicy
+from specframe.options import require
+from specframe.tree import DraftTree
+
+from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
+
+
+@dataclass
+class EagleOptions:
+    """Options of the ``eagle`` policy.
+
+    Attributes:
+        budget: N = EAGLE's ``total_token``, the tree size including the root.
+        top_k: K, children kept per expanded node and frontier width.
+        depth: D, expansion rounds after the root (D + 1 draft forwards, tree depth <= D + 1).
+            EAGLE's default is 7; its evaluation scripts use 5.
+    """
+
+    budget: int = 60
+    top_k: int = 10
+    depth: int = 7
+
+    def __post_init__(self) -> None:
+        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
+        require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
+
+
+class EaglePolicy(TreePolicy):
+    """EAGLE-2/3's static-width, static-depth dynamic tree with a final global re-rank."""
+
+    name = "eagle"
+    Options = EagleOptions
+
+    def build(self, session: DraftSession, budget: int) -> DraftTree:
+        """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes."""
+        n_max = min(int(budget), self.budget)
+        k = self.options.top_k
+        pool = session.new_tree()
+        scores = torch.zeros(1, dtype=torch.float64, device=pool.device)
+        frontier = torch.zeros(1, dtype=torch.long, device=pool.device)
+        # A selected node at depth d needs its d-1 ancestors selected too, so layers deeper
+        # than N-1 can never be kept: skip drafting them (identical tree, fewer forwards).
+        layers = min(self.options.depth + 1, n_max - 1)
+        for _ in range(layers):
+            values, tokens, ranks = topk_children(session.expand(pool, frontier), k)
+            cand = child_scores(scores[frontier], values)
+            flat = cand.flatten()
+            finite = torch.nonzero(torch.isfinite(flat)).flatten()
+            if not len(finite):
+                break
+            pool, scores, new_nodes = append_children(pool, scores, frontier, finite, cand, tokens, ranks)
+            # Next frontier: top-K of this layer's candidates, best first as in EAGLE.
+            frontier = new_nodes[top_indices(scores[new_nodes], k)]
+        return select_top(pool, scores, n_max)

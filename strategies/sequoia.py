@@ -1,0 +1,168 @@
+"""Policy ``sequoia``: the DP-optimal static tree for a positional acceptance vector (arXiv 2402.12374).
+
+Given a[k] = probability that the k-th ranked child is the accepted one, a dynamic programme
+finds the tree of m nodes (root included) and depth <= l that maximises the expected number of
+tokens per step (root/bonus included):
+
+    T[1][l][0] = 1
+    T[m][l][b] = max_(1<=y<m) T[y][l][b-1] + a[b] * max_b' T[m-y][l-1][b']     (b >= 1)
+
+(b = 1 reduces to 1 + a[1] * max_b' T[m-1][l-1][b']). With measured draft and target step
+times the size and depth are chosen to minimise time per token,
+(d * t_draft + t_target(m)) / max_b T[m][d][b]; the shape is then fixed and drafted like the
+``static`` policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from specframe.interfaces import DraftSession, TreePolicy
+from specframe.options import require
+from specframe.tree import DraftTree
+
+from ._helpers import RankPath, build_from_rank_paths
+
+#: Illustrative default acceptance vector (a decaying profile typical of a well-matched pair).
+#: Measure your own: the frequency of each accepted rank (``StepStats.accepted_ranks``).
+DEFAULT_ACCEPTANCE = (0.55, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01)
+
+
+@dataclass
+class SequoiaOptions:
+    """Options of the ``sequoia`` policy.
+
+    Attributes:
+        budget: largest tree size N (root included) the DP may choose.
+        acceptance: positional acceptance vector a[1..B]: a[k] is how often the k-th ranked
+            child of a node is the accepted one (entries in [0, 1], sum <= 1). A node gets at
+            most B children.
+        max_depth: largest tree depth the DP may choose (= draft forwards per step).
+        draft_time: measured time of one draft forward (seconds, any unit shared with
+            ``target_times``).
+        target_times: measured target forward time for trees of 1, 2, ... nodes
+            (``target_times[m-1]`` for m nodes). When given, size m <= min(N, len) and depth d
+            minimise (d * draft_time + target_times[m-1]) / E[tokens]; when empty (default),
+            the tree is the best of exactly N nodes and depth <= max_depth.
+    """
+
+    budget: int = 60
+    acceptance: tuple = DEFAULT_ACCEPTANCE
+    max_depth: int = 12
+    draft_time: float = 0.0
+    target_times: tuple = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        a = tuple(self.acceptance)
+        require(len(a) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a),
+                "acceptance", f"must be a non-empty list of numbers, got {self.acceptance!r}")
+        require(all(0.0 <= x <= 1.0 for x in a), "acceptance", f"entries must lie in [0, 1], got {list(a)}")
+        require(sum(a) <= 1.0 + 1e-9, "acceptance", f"must sum to <= 1 (one child is accepted), sum is {sum(a)}")
+        self.acceptance = tuple(float(x) for x in a)
+        require(self.max_depth >= 1, "max_depth", f"must be >= 1, got {self.max_depth}")
+        require(self.draft_time >= 0.0, "draft_time", f"must be >= 0, got {self.draft_time}")
+        t = tuple(self.target_times)
+        require(all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in t),
+                "target_times", f"must be positive numbers (time for 1, 2, ... nodes), got {self.target_times!r}")
+        self.target_times = tuple(float(x) for x in t)
+
+
+@dataclass(frozen=True)
+class SequoiaTable:
+    """DP tables for m = 0..M nodes, depth l = 0..L, b = 0..B root children.
+
+    ``value[m, l, b]`` = T[m][l][b] (-inf where impossible); ``split[m, l, b]`` = the y that
+    attains it; ``best[m, l]`` = max_b T[m][l][b] and ``best_b[m, l]`` its argmax.
+    """
+
+    acceptance: tuple[float, ...]
+    value: np.ndarray
+    split: np.ndarray
+    best: np.ndarray
+    best_b: np.ndarray
+
+
+@lru_cache(maxsize=32)
+def sequoia_table(acceptance: tuple[float, ...], max_nodes: int, max_depth: int) -> SequoiaTable:
+    """Solve the Sequoia DP up to ``max_nodes`` nodes and depth ``max_depth`` (vectorised over y, b)."""
+    a = np.asarray(acceptance, dtype=np.float64)
+    n_b = len(a)
+    M, L = max_nodes, max_depth
+    value = np.full((M + 1, L + 1, n_b + 1), -np.inf)
+    split = np.zeros((M + 1, L + 1, n_b + 1), dtype=np.int64)
+    value[1, :, 0] = 1.0
+    best = value.max(axis=2)
+    for l in range(1, L + 1):
+        for m in range(2, M + 1):
+            y = np.arange(1, m)
+            sub = best[m - y, l - 1]  # [y]: best subtree of the new last child
+            # 0 * -inf would be NaN: an impossible subtree stays impossible.
+            gain = np.where(np.isfinite(sub)[:, None], a[None, :] * np.where(np.isfinite(sub), sub, 0.0)[:, None], -np.inf)
+            cand = value[y, l, :n_b] + gain  # [y, b] for b = 1..B
+            arg = np.argmax(cand, axis=0)
+            value[m, l, 1:] = cand[arg, np.arange(n_b)]
+            split[m, l, 1:] = y[arg]
+        best[:, l] = value[:, l, :].max(axis=1)
+    return SequoiaTable(tuple(acceptance), value, split, best, value.argmax(axis=2))
+
+
+def optimal_paths(table: SequoiaTable, m: int, depth: int) -> tuple[RankPath, ...]:
+    """Rank paths (sorted by length, then path) of the optimal m-node tree of depth <= ``depth``."""
+    out: list[RankPath] = []
+
+    def subtree(prefix: RankPath, nodes: int, l: int) -> None:
+        b = int(table.best_b[nodes, l])
+        while b > 0:  # peel the b-th child off: it takes nodes - y nodes, depth <= l - 1
+            y = int(table.split[nodes, l, b])
+            child = prefix + (b - 1,)
+            out.append(child)
+            subtree(child, nodes - y, l - 1)
+            nodes, b = y, b - 1
+
+    subtree((), m, depth)
+    return tuple(sorted(out, key=lambda p: (len(p), p)))
+
+
+def choose_size_depth(table: SequoiaTable, max_nodes: int, max_depth: int,
+                      draft_time: float, target_times: tuple[float, ...]) -> tuple[int, int]:
+    """(m, d) minimising (d * draft_time + target_times[m-1]) / best[m, d] over feasible pairs."""
+    sizes = np.arange(1, min(max_nodes, len(target_times)) + 1)
+    depths = np.arange(0, max_depth + 1)
+    expected = table.best[sizes[:, None], depths[None, :]]
+    cost = depths[None, :] * draft_time + np.asarray(target_times)[sizes - 1][:, None]
+    per_token = np.where(np.isfinite(expected), cost / np.where(np.isfinite(expected), expected, 1.0), np.inf)
+    i, j = np.unravel_index(np.argmin(per_token), per_token.shape)  # first minimum: smallest m, d
+    return int(sizes[i]), int(depths[j])
+
+
+class SequoiaPolicy(TreePolicy):
+    """A fixed tree shaped by Sequoia's DP (optionally hardware-aware), drafted level by level."""
+
+    name = "sequoia"
+    Options = SequoiaOptions
+
+    def __init__(self, options: SequoiaOptions) -> None:
+        super().__init__(options)
+        self._paths: dict[int, tuple[RankPath, ...]] = {}
+
+    def shape(self, budget: int | None = None) -> tuple[RankPath, ...]:
+        """The rank paths drafted under ``budget`` (default: the configured budget)."""
+        n_max = min(int(budget or self.budget), self.budget)
+        if n_max not in self._paths:
+            o = self.options
+            table = sequoia_table(o.acceptance, self.budget, o.max_depth)
+            if o.target_times:
+                m, d = choose_size_depth(table, n_max, o.max_depth, o.draft_time, o.target_times)
+            else:  # the largest feasible size (B children and max_depth may cap it below N)
+                d = o.max_depth
+                m = max(m for m in range(1, n_max + 1) if np.isfinite(table.best[m, d]))
+            self._paths[n_max] = optimal_paths(table, m, d)
+        return self._paths[n_max]
+
+    def build(self, session: DraftSession, budget: int) -> DraftTree:
+        """Draft the DP-optimal shape with the drafter's ranked children."""
+        return build_from_rank_paths(session, self.shape(budget), min(int(budget), self.budget))

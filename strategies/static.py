@@ -1,0 +1,66 @@
+"""Policy ``static``: a fixed tree of rank paths (EAGLE-1 / Medusa style choice trees).
+
+A rank path ``[i0, i1, ...]`` means "the i0-th ranked child of the root, then its i1-th ranked
+child, ...". The tree's shape never changes; its tokens are the drafter's ranked children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specframe.interfaces import DraftSession, TreePolicy
+from specframe.options import require
+from specframe.tree import DraftTree
+
+from ._helpers import RankPath, build_from_rank_paths, validate_rank_paths
+
+#: EAGLE-1's ``mc_sim_7b_63`` (SafeAILab/EAGLE, eagle/model/choices.py): 25 drafted nodes,
+#: depth 5, 4/8/8/3/2 nodes per level.
+MC_SIM_7B_63: tuple[RankPath, ...] = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)
+
+#: Named trees accepted by the ``choices`` option.
+PRESETS: dict[str, tuple[RankPath, ...]] = {"mc_sim_7b_63": MC_SIM_7B_63}
+
+
+@dataclass
+class StaticOptions:
+    """Options of the ``static`` policy.
+
+    Attributes:
+        choices: the tree as a list of rank paths (every proper prefix must be listed too), or
+            the name of a preset (``mc_sim_7b_63``, the default: EAGLE-1's 25-node tree).
+            The tree size is ``len(choices) + 1`` (the root counts); a smaller engine budget
+            keeps the first paths in (length, path) order.
+    """
+
+    choices: tuple | str = "mc_sim_7b_63"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.choices, str):
+            require(self.choices in PRESETS, "choices",
+                    f"names an unknown preset {self.choices!r}; presets: {sorted(PRESETS)}")
+            self.paths = PRESETS[self.choices]
+        else:
+            self.paths = validate_rank_paths(self.choices, "choices")
+
+
+class StaticPolicy(TreePolicy):
+    """Drafts the same rank-path tree every step: one forward per level."""
+
+    name = "static"
+    Options = StaticOptions
+
+    @property
+    def budget(self) -> int:
+        """The configured tree's size, root included."""
+        return len(self.options.paths) + 1
+
+    def build(self, session: DraftSession, budget: int) -> DraftTree:
+        """Fill the rank paths with the drafter's ranked children."""
+        return build_from_rank_paths(session, self.options.paths, min(int(budget), self.budget))
