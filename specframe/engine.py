@@ -10,7 +10,7 @@ import torch
 
 from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from .options import build_options
-from .plugins import get_registry
+from .plugins import SINGULAR, get_registry
 from .target import TargetModel
 from .tree import InvalidTreeError
 
@@ -61,7 +61,7 @@ def make_plugin(kind: str, spec: PluginSpec, *extra: Any) -> Any:
         return spec
     name, values = _split_spec(spec)
     cls = get_registry().get(kind, name)
-    options = build_options(cls.Options, values, f"{kind[:-1]} {name!r}")
+    options = build_options(cls.Options, values, f"{SINGULAR[kind]} {name!r}")
     return cls(options, *extra)
 
 

@@ -18,6 +18,7 @@ from . import hookspecs
 hookimpl = pluggy.HookimplMarker("specframe")
 ENTRY_POINT_GROUP = "specframe"
 KINDS = ("policies", "drafters", "verifiers")
+SINGULAR = {"policies": "policy", "drafters": "drafter", "verifiers": "verifier"}
 _HOOK_OF_KIND = {
     "policies": "register_tree_policies",
     "drafters": "register_drafters",
@@ -97,10 +98,10 @@ class Registry:
         def register(cls: type) -> None:
             name = getattr(cls, "name", "")
             if not name:
-                raise PluginError(f"{kind[:-1]} class {cls.__qualname__} from {dist} has no `name`")
+                raise PluginError(f"{SINGULAR[kind]} class {cls.__qualname__} from {dist} has no `name`")
             if name in table and table[name].cls is not cls:
                 raise PluginError(
-                    f"{kind[:-1]} name {name!r} registered twice: by {table[name].dist} "
+                    f"{SINGULAR[kind]} name {name!r} registered twice: by {table[name].dist} "
                     f"({table[name].cls.__qualname__}) and by {dist} ({cls.__qualname__})"
                 )
             table[name] = PluginInfo(kind, name, cls, dist, version)
@@ -120,7 +121,7 @@ class Registry:
         table = self._collect()[kind]
         if name not in table:
             avail = ", ".join(sorted(table)) or "(none loaded)"
-            raise PluginError(f"unknown {kind[:-1]} {name!r}; available {kind}: {avail}")
+            raise PluginError(f"unknown {SINGULAR[kind]} {name!r}; available {kind}: {avail}")
         return table[name].cls
 
     def commands_hook(self):

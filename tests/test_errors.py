@@ -1,0 +1,101 @@
+"""Bad input fails early with a message naming the problem, and nothing is half-done."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import specframe
+from specframe.testing.models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=0, max_positions=64)
+
+
+def _build(target, **kw):
+    kw.setdefault("drafter", ("model", {"model": target}))
+    return specframe.SpecDecoder.build(target=target, **kw)
+
+
+def test_unknown_plugin_name_lists_available(target):
+    with pytest.raises(specframe.PluginError, match="unknown policy 'talonn'; available policies: .*chain"):
+        _build(target, policy="talonn")
+    with pytest.raises(specframe.PluginError, match="unknown verifier 'greedyy'.*greedy"):
+        _build(target, verifier="greedyy")
+    with pytest.raises(specframe.PluginError, match="unknown drafter 'modle'.*model"):
+        _build(target, drafter="modle")
+
+
+def test_unknown_option_names_the_valid_ones(target):
+    with pytest.raises(specframe.OptionError, match=r"unknown option\(s\) \['gama'\] for policy 'chain'; "
+                                                    r"valid options: .*gamma"):
+        _build(target, policy=("chain", {"gama": 3}))
+
+
+@pytest.mark.parametrize("value", ["4", 2.5, True, None])
+def test_ill_typed_option_is_named(target, value):
+    with pytest.raises(specframe.OptionError, match="option 'gamma' of policy 'chain' must be int"):
+        _build(target, policy=("chain", {"gamma": value}))
+
+
+def test_out_of_range_option_is_named(target):
+    with pytest.raises(specframe.OptionError, match="option 'gamma' must be >= 1, got 0"):
+        _build(target, policy=("chain", {"gamma": 0}))
+
+
+def test_empty_prompt(target):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        _build(target).generate([], max_new_tokens=4)
+
+
+def test_drafter_vocabulary_must_match(target):
+    other = tiny_model("llama", seed=1, vocab_size=48)
+    with pytest.raises(ValueError, match="vocabulary size 48, the target has 64"):
+        _build(target, drafter=("model", {"model": other}))
+
+
+def test_prompt_plus_new_tokens_beyond_max_positions(target):
+    with pytest.raises(ValueError, match=r"prompt \(10 tokens\) \+ max_new_tokens \(60\) = 70 exceeds "
+                                         r"the target's 64 positions"):
+        _build(target).generate(list(range(2, 12)), max_new_tokens=60)
+
+
+@dataclass
+class _Opts:
+    budget: int = 4
+
+
+class _BrokenPolicy(specframe.TreePolicy):
+    """Returns whatever tree the test injects."""
+
+    name = "broken"
+    Options = _Opts
+
+    def __init__(self, make_tree):
+        super().__init__(_Opts())
+        self.make_tree = make_tree
+
+    def build(self, session, budget):
+        return self.make_tree(session.new_tree())
+
+
+def _add(tree, parents, tokens):
+    return tree.add_nodes(torch.tensor(parents), torch.tensor(tokens), torch.zeros(len(tokens)))
+
+
+@pytest.mark.parametrize(
+    "make_tree, message",
+    [
+        (lambda t: _add(t, [0] * 5, [2, 3, 4, 5, 6]), "6 nodes, over the budget of 4"),
+        (lambda t: _add(t, [0, 0], [7, 7]), "siblings must have distinct tokens"),
+        (lambda t: t.add_nodes(torch.tensor([0]), torch.tensor([3]), torch.tensor([float("nan")])),
+         "non-finite draft log-prob"),
+        (lambda t: specframe.DraftTree.root(int(t.tokens[0]) + 1), "root token"),
+    ],
+)
+def test_invalid_tree_from_a_policy_names_policy_and_invariant(target, make_tree, message):
+    dec = _build(target, policy=_BrokenPolicy(make_tree))
+    with pytest.raises(specframe.EngineError, match=f"policy 'broken' returned an invalid tree: .*{message}"):
+        dec.generate([5, 6, 7], max_new_tokens=4)
