@@ -9,3 +9,7 @@ def register_drafters(register):
     from .model import ModelDrafter
 
     register(ModelDrafter)
+
+    from .ngram import NgramDrafter
+
+    register(NgramDrafter)
