@@ -213,9 +213,17 @@ def paths_of(tree: DraftTree, nodes: torch.Tensor | Sequence[int]) -> list[Path]
     return out
 
 
-def make_session(drafter: Drafter, root_token: int = 0, device: torch.device | str = "cpu") -> DraftSession:
-    """A :class:`DraftSession` for one tree rooted at ``root_token`` (counts draft forwards)."""
-    return DraftSession(drafter, root_token, torch.device(device))
+def make_session(
+    drafter: Drafter, root_token: int = 0, device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> DraftSession:
+    """A :class:`DraftSession` for one tree rooted at ``root_token`` (counts draft forwards).
+
+    ``generator`` is handed to policies that sample children (when the session supports it).
+    """
+    if generator is None:
+        return DraftSession(drafter, root_token, torch.device(device))
+    return DraftSession(drafter, root_token, torch.device(device), generator=generator)
 
 
 def synthetic_drafters(max_vocab: int = 256, modes: Sequence[str] = MODES, min_vocab: int = 2):
