@@ -67,6 +67,9 @@ class ModelDrafter(Drafter):
 
     def _new_step(self) -> None:
         self.slot_of: dict[int, int] = {}  # tree node -> slot index in the tree region of the cache
+        # Drafted tokens after the root -> slot: policies may return a re-indexed sub-tree
+        # (EAGLE / OPT-Tree re-rank with select()), so commit matches the path by tokens.
+        self.slot_of_tokens: dict[tuple[int, ...], int] = {}
         self.logp_of: dict[int, torch.Tensor] = {}
         self.tree_start: int | None = None
 
@@ -105,7 +108,9 @@ class ModelDrafter(Drafter):
         logits = self.lm.forward(tokens, positions, mask).logits[0, p:]
         self.cached += p
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        all_tokens = tree.tokens.tolist()
         for j, node in enumerate(todo):
+            self.slot_of_tokens[tuple(all_tokens[i] for i in tree.path_to(node)[1:])] = len(self.slot_of)
             self.slot_of[node] = len(self.slot_of)
             self.logp_of[node] = logp[j]
 
@@ -113,10 +118,12 @@ class ModelDrafter(Drafter):
         """Keep the cache entries of the accepted path that were forwarded; drop the rest."""
         if self.tree_start is not None:
             keep: list[int] = []
-            for node in (path.tolist() if path is not None else []):
-                if node not in self.slot_of:
+            emitted = [int(t) for t in tokens.tolist()]
+            for depth in range(len(path) if path is not None else 0):
+                slot = self.slot_of_tokens.get(tuple(emitted[:depth]))
+                if slot is None:
                     break
-                keep.append(self.slot_of[node])
+                keep.append(slot)
             self.lm.keep(self.tree_start, torch.tensor(keep, dtype=torch.long))
             self.cached = self.tree_start + len(keep)
         self.committed += [int(t) for t in tokens.tolist()]
