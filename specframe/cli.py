@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .options import describe_options
@@ -30,6 +32,168 @@ def plugins_command() -> None:
             opts = ", ".join(f"{n}: {t} = {d!r}" for n, t, d in describe_options(info.cls.Options)) or "-"
             table.add_row(info.name, info.dist, info.version, opts)
         console.print(table)
+
+
+# ---------------------------------------------------------------------- experiments
+REPO_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO_CONFIG = REPO_EXAMPLES / "demo.toml"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None) -> None:
+    """Validate, run (resuming), print the summary table and where the files are."""
+    from .config import ConfigError, load_config
+    from .experiment import ExperimentError, run_experiment
+    from .report import REPORT_FILE, summary_table
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from err
+    out_dir = out or config.output.dir
+    console = _console()
+    try:
+        outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
+    except ExperimentError as err:
+        raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: finished answers are saved in {out_dir}; "
+                      "run the same command again to resume")
+        raise SystemExit(130)
+    console.print(summary_table(outcome.summary, title=title))
+    reused = f", {outcome.skipped} reused from earlier runs (--fresh recomputes)" if outcome.skipped else ""
+    console.print(f"{outcome.computed} answers computed{reused}. Report: {outcome.out_dir / REPORT_FILE}",
+                  markup=False)
+
+
+@cli.command("run")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default: [output] dir of the config).")
+@click.option("--fresh", is_flag=True, help="Discard earlier answers in the output directory instead of resuming.")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+def run_command(config: Path, out: Path | None, fresh: bool, progress: bool) -> None:
+    """Run the experiment CONFIG (TOML): every arm on the same prompts, then report.
+
+    Re-running the same command resumes: answers already on disk are not recomputed.
+    """
+    _run_config(config, out, fresh, progress)
+
+
+@cli.command("demo")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Experiment file (default: examples/demo.toml).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("specframe-demo"),
+              show_default=True, help="Output directory.")
+@click.option("--fresh", is_flag=True, help="Discard earlier demo answers instead of resuming.")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+def demo_command(config_path: Path | None, out: Path, fresh: bool, progress: bool) -> None:
+    """Compare autoregressive, HF assisted and specframe's policies on the shipped demo pair."""
+    path = config_path or DEMO_CONFIG
+    if not path.is_file():
+        raise click.ClickException(
+            f"demo experiment {path} not found (it ships in the source tree's examples/); pass --config"
+        )
+    _run_config(path, out, fresh, progress, title="specframe demo (demo pair, code prompts)")
+
+
+@cli.command("report")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--plots/--no-plots", default=True, help="Redraw the figures.")
+def report_command(run_dir: Path, plots: bool) -> None:
+    """Recompute summary.json, report.md and the plots of RUN_DIR from its answers."""
+    from .report import REPORT_FILE, summary_table, write_report
+
+    summary = write_report(run_dir, plots=plots)
+    console = _console()
+    console.print(summary_table(summary))
+    console.print(f"Report: {run_dir / REPORT_FILE}", markup=False)
+
+
+def _records_of(source: Path, arm: str | None) -> tuple[str, list[dict]]:
+    """``(label, records)`` of an answers file, or of one arm of a run dir / experiment file."""
+    from .experiment import read_answers
+
+    if arm is None:
+        if not source.is_file():
+            raise click.ClickException(f"{source} is not an answers file (.jsonl)")
+        return source.stem, read_answers(source)
+    run = _load_run(source)
+    if arm not in run["arms"]:
+        raise click.ClickException(f"no answers for arm {arm!r} in {source}; arms: {', '.join(run['arms'])}")
+    return arm, run["arms"][arm]
+
+
+def _load_run(source: Path) -> dict:
+    from .metrics import load_run
+
+    run_dir = source
+    if source.is_file() and source.suffix == ".toml":
+        from .config import ConfigError, load_config
+
+        try:
+            run_dir = load_config(source).output.dir
+        except ConfigError as err:
+            raise click.ClickException(str(err)) from err
+    if not (run_dir / "run.json").is_file():
+        raise click.ClickException(f"{run_dir} is not a run directory (no run.json)")
+    return load_run(run_dir)
+
+
+def _pairs(args: tuple[Path | str, ...]) -> list[tuple[tuple[str, list], tuple[str, list]]]:
+    if len(args) == 2:
+        return [(_records_of(Path(args[0]), None), _records_of(Path(args[1]), None))]
+    source = Path(args[0])
+    if len(args) == 3:
+        return [(_records_of(source, str(args[1])), _records_of(source, str(args[2])))]
+    run = _load_run(source)
+    if run["baseline"] is None:
+        raise click.ClickException(f"{source} has no autoregressive arm; name two arms to compare")
+    base = (run["baseline"], run["arms"][run["baseline"]])
+    return [(base, (name, recs)) for name, recs in run["arms"].items() if name != run["baseline"]]
+
+
+@cli.command("compare")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--level", default=0.95, show_default=True, help="Confidence level of the bootstrap interval.")
+def compare_command(sources: tuple[str, ...], level: float) -> None:
+    """Paired A/B comparison: per-prompt speedup of B over A with a bootstrap CI, and token equality.
+
+    \b
+    Forms:
+      specframe compare A.jsonl B.jsonl        two answers files
+      specframe compare RUN_DIR ARM_A ARM_B    two arms of one run (or CONFIG.toml ARM_A ARM_B)
+      specframe compare RUN_DIR                every arm against the autoregressive arm
+    """
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .metrics import compare
+
+    if len(sources) not in (1, 2, 3):
+        raise click.UsageError("give A.jsonl B.jsonl, RUN_DIR ARM_A ARM_B, or RUN_DIR")
+    table = Table(title=f"paired comparison (speedup = wall A / wall B; {level:.0%} bootstrap CI)")
+    for col in ("A", "B", "pairs", "speedup (geo-mean)", "CI", "total-time ratio", "identical outputs",
+                "token agreement", "tau A", "tau B"):
+        table.add_column(col, justify="left" if col in ("A", "B") else "right")
+    for (name_a, rec_a), (name_b, rec_b) in _pairs(sources):
+        try:
+            res = compare(rec_a, rec_b, level=level)
+        except ValueError as err:
+            raise click.ClickException(f"{name_a} vs {name_b}: {err}") from err
+        ci = res["speedup_ci"]
+        table.add_row(
+            escape(name_a), escape(name_b), str(res["pairs"]), f"{res['speedup_geomean']:.3f}",
+            "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]", f"{res['speedup_total']:.3f}",
+            f"{res['identical_outputs']}/{res['pairs']}", f"{res['token_agreement']:.1%}",
+            "-" if res["tau_a"] is None else f"{res['tau_a']:.2f}", "-" if res["tau_b"] is None else f"{res['tau_b']:.2f}",
+        )
+    _console().print(table)
 
 
 def main() -> None:

@@ -1,0 +1,531 @@
+"""Run an experiment: every arm on the same prompts, interleaved, resumable, timed fairly.
+
+Order of work: for each repeat, for each question, every arm in turn (A B C A B C ...), so
+machine drift hits all arms alike. Each finished answer is appended to its arm's JSONL file and
+fsynced, so a crash or Ctrl-C loses no finished prompt; running the same config again skips the
+answers already on disk (keyed by arm, question_id and repeat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .baselines import BASELINES, ArmOutput
+from .config import BYTES_TOKENIZER, ArmConfig, ExperimentConfig, ModelSpec, RANDOM_PREFIX
+from .data import ByteTokenizer, PromptEncoder, Question, load_questions
+from .options import build_options
+
+RUN_FILE = "run.json"
+ANSWERS_DIR = "answers"
+RecordHook = Callable[[str, dict], None]
+
+
+class ExperimentError(RuntimeError):
+    """The run cannot proceed (incompatible old results, over-long prompt, ...)."""
+
+
+# ---------------------------------------------------------------------- models
+def resolve_device(name: str | None) -> torch.device:
+    """``auto``/None -> CUDA when available, else CPU."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelPool:
+    """Loads the target and the ``[models]`` aliases once each and shares them between arms."""
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.target.device)
+        self.dtype = getattr(torch, config.target.dtype or "float32")
+        self._cache: dict[str, Any] = {}
+
+    def target(self) -> Any:
+        """The target transformers model."""
+        return self.load("target")
+
+    def load(self, ref: str) -> Any:
+        """A model by alias (``target`` or a ``[models]`` key), or by path / shipped name."""
+        if ref not in self._cache:
+            if ref == "target":
+                self._cache[ref] = self._build(self.config.target, is_target=True)
+            elif ref in self.config.models:
+                self._cache[ref] = self._build(self.config.models[ref], is_target=False)
+            else:
+                from .target import load_causal_lm
+
+                self._cache[ref] = load_causal_lm(ref, dtype=self.dtype, device=self.device)
+        return self._cache[ref]
+
+    def _build(self, spec: ModelSpec, is_target: bool) -> Any:
+        dtype = getattr(torch, spec.dtype) if spec.dtype else self.dtype
+        device = self.device if (is_target or spec.device is None) else resolve_device(spec.device)
+        if spec.is_random:
+            from .testing.models import tiny_model
+
+            opts = dict(spec.random)
+            seed = opts.pop("seed", 0)
+            init_std = float(opts.pop("init_std", 0.3))
+            model = tiny_model(spec.model[len(RANDOM_PREFIX):], seed=seed, dtype=dtype,
+                               attn_implementation=spec.attn_implementation, init_std=init_std, **opts)
+            return model.to(device).eval()
+        if spec.perturbed_of is not None:
+            from .testing.models import perturbed_copy
+
+            base = self.load(spec.perturbed_of)
+            return perturbed_copy(base, float(spec.random.get("noise", 0.05)), int(spec.random.get("seed", 0))).to(device, dtype)
+        from .target import load_causal_lm
+
+        return load_causal_lm(spec.model, dtype=dtype, device=device, attn_implementation=spec.attn_implementation)
+
+    def substitute(self, options: dict) -> dict:
+        """Plugin options with every string naming a declared model replaced by that model."""
+        aliases = set(self.config.models) | {"target"}
+        return {k: self.load(v) if isinstance(v, str) and v in aliases else v for k, v in options.items()}
+
+
+def load_tokenizer(config: ExperimentConfig) -> Any:
+    """The target's tokenizer (``bytes`` -> :class:`ByteTokenizer`, the default of random models)."""
+    spec = config.target
+    name = spec.tokenizer
+    if name == BYTES_TOKENIZER or (name is None and spec.is_random):
+        return ByteTokenizer(int(spec.random.get("vocab_size", 64)))
+    from transformers import AutoTokenizer
+
+    from .assets import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name or spec.model))
+
+
+# ---------------------------------------------------------------------- runners
+class SpecRunner:
+    """A specframe arm: SpecDecoder.generate, keeping references to the trees it built.
+
+    Trees are captured by wrapping this decoder's policy ``build`` (instance attribute only);
+    keeping references costs nothing inside the timed region. Accepted paths are recovered
+    afterwards from the emitted tokens (siblings have distinct tokens, so the path is unique).
+    """
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+        self.greedy = not getattr(decoder.verifier, "sampling", False)
+        self._trees: list = []
+        build = decoder.policy.build
+
+        def recording_build(session, budget):
+            tree = build(session, budget)
+            self._trees.append(tree)
+            return tree
+
+        decoder.policy.build = recording_build
+
+    def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
+        """One speculative generation."""
+        self._trees = []
+        out = self.decoder.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=max_new_tokens,
+                                    eos_token_id=sorted(eos) or None, generator=generator)
+        return ArmOutput(
+            tokens=list(out.tokens), target_forwards=len(out.steps),
+            draft_forwards=sum(s.draft_forwards for s in out.steps),
+            accept_lengths=[s.emitted for s in out.steps], steps=out.steps,
+            trees=_trees_with_paths(self._trees, out),
+        )
+
+
+def _trees_with_paths(trees: list, out: Any) -> list:
+    """``(tree, emitted tokens of its step, accepted count)`` per step (paths resolved lazily)."""
+    result, pos = [], 0
+    for tree, step in zip(trees, out.steps):
+        result.append((tree, out.tokens[pos : pos + step.emitted], step.accepted))
+        pos += step.emitted
+    return result
+
+
+def accepted_path(tree: Any, emitted: list[int], accepted: int) -> list[int]:
+    """Node indices (root first) of the drafted path whose tokens are ``emitted[:accepted]``."""
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    path = [0]
+    for tok in emitted[:accepted]:
+        nxt = [i for i in range(len(parents)) if parents[i] == path[-1] and tokens[i] == tok]
+        if not nxt:
+            break
+        path.append(nxt[0])
+    return path
+
+
+def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: ExperimentConfig) -> Any:
+    """The runner of one arm (drafter models load here)."""
+    if arm.baseline:
+        base = BASELINES[arm.baseline]
+        options = build_options(base.Options, arm.baseline_options, f"baseline {arm.baseline!r}")
+        default = (config.drafter.options.get("model") if config.drafter else None)
+        return base.factory(options, target, pool.load, default)
+    from .engine import SpecDecoder
+
+    decoder = SpecDecoder.build(
+        target=target,
+        drafter=(arm.drafter.name, pool.substitute(arm.drafter.options)),
+        policy=(arm.policy.name, arm.policy.options),
+        verifier=(arm.verifier.name, arm.verifier.options),
+    )
+    return SpecRunner(decoder)
+
+
+# ---------------------------------------------------------------------- answers on disk
+class AnswerStore:
+    """Append-only per-arm answer files with fsync after every record."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.dir = Path(out_dir) / ANSWERS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, Any] = {}
+
+    def path(self, arm: ArmConfig) -> Path:
+        """The answers file of ``arm``."""
+        return self.dir / f"{arm.slug}.jsonl"
+
+    def done(self, arm: ArmConfig) -> set[tuple[str, int]]:
+        """Keys ``(question_id as JSON, repeat)`` already answered by ``arm``."""
+        return {_key(r["question_id"], r["repeat"]) for r in read_answers(self.path(arm))}
+
+    def append(self, arm: ArmConfig, record: dict) -> None:
+        """Write one record and make it durable before returning."""
+        fh = self._files.get(arm.name)
+        if fh is None:
+            path = self.path(arm)
+            _drop_partial_line(path)
+            fh = self._files[arm.name] = path.open("a", encoding="utf-8")
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        """Close every open file."""
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+
+def _key(question_id: Any, repeat: int) -> tuple[str, int]:
+    return json.dumps(question_id), int(repeat)
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Truncate a half-written last line (a crash mid-write) so appends stay valid JSONL."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def read_answers(path: str | Path) -> list[dict]:
+    """Records of an answers file; a half-written last line is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # interrupted write: the record was never finished
+            raise ExperimentError(f"{path}:{i + 1}: corrupt answer record")
+    return out
+
+
+# ---------------------------------------------------------------------- run metadata
+def _check_run_file(config: ExperimentConfig, out_dir: Path) -> None:
+    """Refuse to mix answers of a different experiment; record this one's settings."""
+    path = out_dir / RUN_FILE
+    arms = {a.name: a.describe() for a in config.arms}
+    meta = {"name": config.name, "fingerprint": config.fingerprint(), "arms": arms}
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        diff = sorted(k for k in meta["fingerprint"] if old.get("fingerprint", {}).get(k) != meta["fingerprint"][k])
+        if diff:
+            raise ExperimentError(
+                f"{out_dir} holds answers of a different experiment (differs in: {', '.join(diff)}); "
+                "use another [output] dir or --fresh to discard them"
+            )
+        for name, desc in old.get("arms", {}).items():
+            if name in arms and arms[name] != desc:
+                raise ExperimentError(
+                    f"arm {name!r} changed since its answers in {out_dir} were written; rename it, "
+                    "or use --fresh to discard all answers"
+                )
+            arms.setdefault(name, desc)
+    meta.update(
+        arms=arms, max_new_tokens=config.max_new_tokens, repeats=config.repeats,
+        target=config.target.model, source=str(config.source or ""), torch=torch.__version__,
+        greedy={},
+    )
+    if path.exists():
+        meta["greedy"] = json.loads(path.read_text(encoding="utf-8")).get("greedy", {})
+    _write_json(path, meta)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- records
+def _steps_columns(steps: list) -> dict[str, list]:
+    """Per-step statistics as columns (compact JSON); times in seconds."""
+    if not steps:
+        return {}
+    cols: dict[str, list] = {}
+    for f in dataclasses.fields(steps[0]):
+        values = [getattr(s, f.name) for s in steps]
+        cols[f.name] = [round(v, 7) for v in values] if isinstance(values[0], float) else values
+    return cols
+
+
+def _pick_trees(trees: list, k: int) -> list[dict]:
+    """``k`` trees spread over the generation, as plain data (tokens/parents/depths/ranks/path)."""
+    if k <= 0 or not trees:
+        return []
+    idx = sorted({int(round((i + 1) * len(trees) / (k + 1))) - 1 for i in range(k)})
+    out = []
+    for i in idx:
+        tree, emitted, accepted = trees[max(0, i)]
+        out.append({"step": max(0, i), "tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
+                    "depths": tree.depths.tolist(), "ranks": tree.ranks.tolist(),
+                    "accepted": accepted_path(tree, emitted, accepted)})
+    return out
+
+
+def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, greedy: bool,
+                turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int) -> dict:
+    """One answer in Spec-Bench's format plus per-step statistics.
+
+    ``turns``: per turn ``(prompt ids, output, wall seconds, decoded text)``.
+    """
+    outs = [t[1] for t in turns]
+    steps = [s for o in outs for s in (o.steps or [])]
+    trees = [t for o in outs for t in o.trees]
+    return {
+        "question_id": question.question_id,
+        "category": question.category,
+        "answer_id": f"{arm.slug}/{question.question_id}/{repeat}",
+        "model_id": model_id,
+        "arm": arm.name,
+        "repeat": repeat,
+        "greedy": greedy,
+        "tstamp": time.time(),
+        "choices": [{
+            "index": 0,
+            "turns": [t[3] for t in turns],
+            "new_tokens": [len(o.tokens) for o in outs],
+            "wall_time": [round(t[2], 7) for t in turns],
+            "accept_lengths": [a for o in outs for a in o.accept_lengths],
+            "decoding_steps": [o.target_forwards for o in outs],
+        }],
+        "draft_forwards": [o.draft_forwards for o in outs],
+        "prompt_tokens": [len(t[0]) for t in turns],
+        "output_ids": [o.tokens for o in outs],
+        "steps": _steps_columns(steps),
+        "trees": _pick_trees(trees, trees_k),
+    }
+
+
+# ---------------------------------------------------------------------- the run
+@dataclass
+class RunOutcome:
+    """What a run did: where, how many answers it computed and how many it found on disk."""
+
+    out_dir: Path
+    computed: int
+    skipped: int
+    summary: dict
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Experiment:
+    """One configured run; :meth:`run` does the work (see the module docstring)."""
+
+    def __init__(self, config: ExperimentConfig, out_dir: str | Path | None = None,
+                 on_record: RecordHook | None = None, progress: bool = True, console: Any = None) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir) if out_dir is not None else config.output.dir
+        self.on_record = on_record
+        self.progress = progress
+        self.console = console
+
+    def run(self) -> RunOutcome:
+        """Compute every missing answer, then write summary.json, report.md and plots."""
+        cfg = self.config
+        questions = load_questions(cfg.data.path, cfg.data.category, cfg.data.limit)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _check_run_file(cfg, self.out_dir)
+        store = AnswerStore(self.out_dir)
+        done = {arm.name: store.done(arm) for arm in cfg.arms}
+        todo = [(r, q, a) for r in range(cfg.repeats) for q in questions for a in cfg.arms
+                if _key(q.question_id, r) not in done[a.name]]
+        skipped = cfg.repeats * len(questions) * len(cfg.arms) - len(todo)
+        computed = 0
+        if todo:
+            threads = torch.get_num_threads()
+            if cfg.threads:
+                # Oversubscribed CPUs make multi-threaded kernels spin: pinning helps a lot.
+                torch.set_num_threads(cfg.threads)
+            try:
+                computed = self._compute(todo, questions, store, skipped)
+            finally:
+                store.close()
+                torch.set_num_threads(threads)
+        from .report import write_report
+
+        summary = write_report(self.out_dir)
+        return RunOutcome(self.out_dir, computed, skipped, summary)
+
+    def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
+        cfg = self.config
+        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
+        pool = ModelPool(cfg)
+        from .target import TargetModel
+
+        target = TargetModel(pool.target())
+        for q in questions:
+            self._check_length(encoder.encode(q.turns, [], None), target, q)
+        runners = {arm.name: build_runner(arm, pool, target, cfg) for arm in arms}
+        eos: set[int] = set()
+        if cfg.stop_at_eos and target.eos_token_id is not None:
+            ids = target.eos_token_id
+            eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        return encoder, target, runners, eos
+
+    def _check_length(self, prompt: list[int], target: Any, q: Question) -> None:
+        if not prompt:
+            raise ExperimentError(f"question {q.question_id!r}: the prompt encodes to no tokens")
+        if len(prompt) + self.config.max_new_tokens > target.max_positions:
+            raise ExperimentError(
+                f"question {q.question_id!r}: prompt ({len(prompt)} tokens) + max_new_tokens "
+                f"({self.config.max_new_tokens}) exceeds the target's {target.max_positions} positions"
+            )
+
+    def _compute(self, todo: list, questions: list[Question], store: AnswerStore, skipped: int) -> int:
+        cfg = self.config
+        pending = [a for a in cfg.arms if any(t[2] is a for t in todo)]
+        encoder, target, runners, eos = self._prepare(pending, questions)
+        self._record_greedy(runners)
+        self._warmup(pending, runners, encoder, questions[0], eos)
+        computed = 0
+        with self._progress(total=skipped + len(todo), completed=skipped) as advance:
+            for repeat, question, arm in todo:
+                record = self._answer(arm, runners[arm.name], encoder, question, repeat, eos, target)
+                store.append(arm, record)
+                computed += 1
+                advance(arm.name)
+                if self.on_record is not None:
+                    self.on_record(arm.name, record)
+        return computed
+
+    def _record_greedy(self, runners: dict) -> None:
+        path = self.out_dir / RUN_FILE
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta["greedy"].update({name: bool(r.greedy) for name, r in runners.items()})
+        _write_json(path, meta)
+
+    def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
+        prompt = encoder.encode(q.turns, [], None)
+        for _ in range(self.config.warmup):
+            for arm in arms:
+                runners[arm.name].generate(prompt, self.config.max_new_tokens, eos, self._generator(0, 0))
+
+    def _generator(self, repeat: int, turn: int, question_id: Any = None) -> torch.Generator:
+        # Every arm gets the same seed for the same (question, repeat, turn): a fair draw.
+        qhash = zlib.crc32(json.dumps(question_id).encode()) if question_id is not None else 0
+        seed = (self.config.seed * 1_000_003 + repeat * 10_007 + turn * 101 + qhash) % (1 << 63)
+        torch.manual_seed(seed)
+        device = resolve_device(self.config.target.device)
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def _answer(self, arm: ArmConfig, runner: Any, encoder: PromptEncoder, q: Question, repeat: int,
+                eos: set[int], target: Any) -> dict:
+        turns, answers, prompt = [], [], None
+        for k in range(len(q.turns)):
+            prompt = encoder.encode(q.turns, answers, prompt)
+            self._check_length(prompt, target, q)
+            gen = self._generator(repeat, k, q.question_id)
+            _sync(target.device)
+            start = time.perf_counter()
+            out = runner.generate(prompt, self.config.max_new_tokens, eos, gen)
+            _sync(target.device)
+            wall = time.perf_counter() - start
+            turns.append((prompt, out, wall, encoder.decode(out.tokens)))
+            answers.append(out.tokens)
+        trees_k = self.config.output.trees_per_answer if repeat == 0 else 0
+        model_id = f"{Path(self.config.target.model).name}-{arm.slug}"
+        return make_record(arm, q, repeat, model_id, runner.greedy, turns, trees_k)
+
+    def _progress(self, total: int, completed: int):
+        return _ProgressBar(total, completed, enabled=self.progress, console=self.console)
+
+
+class _ProgressBar:
+    """rich progress over prompts x arms (x repeats); a no-op when disabled."""
+
+    def __init__(self, total: int, completed: int, enabled: bool, console: Any) -> None:
+        self.total, self.completed, self.enabled, self.console = total, completed, enabled, console
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda arm: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[arm]}"),
+                             console=self.console, transient=False)
+        self._bar.__enter__()
+        task = self._bar.add_task("prompts x arms", total=self.total, completed=self.completed, arm="")
+        from rich.markup import escape
+
+        return lambda arm: self._bar.update(task, advance=1, arm=escape(arm))
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.__exit__(*exc)
+
+
+def run_experiment(config: ExperimentConfig | str | Path, out_dir: str | Path | None = None, fresh: bool = False,
+                   on_record: RecordHook | None = None, progress: bool = True, console: Any = None) -> RunOutcome:
+    """Load (if a path), validate and run an experiment; ``fresh`` discards old answers first."""
+    if not isinstance(config, ExperimentConfig):
+        from .config import load_config
+
+        config = load_config(config)
+    target_dir = Path(out_dir) if out_dir is not None else config.output.dir
+    if fresh and target_dir.exists():
+        _discard(target_dir)
+    return Experiment(config, target_dir, on_record=on_record, progress=progress, console=console).run()
+
+
+def _discard(out_dir: Path) -> None:
+    """Remove what a run writes (answers, run.json, summary, report, plots), nothing else."""
+    for name in (ANSWERS_DIR, "plots"):
+        if (out_dir / name).is_dir():
+            shutil.rmtree(out_dir / name)
+    for name in (RUN_FILE, "summary.json", "report.md"):
+        (out_dir / name).unlink(missing_ok=True)

@@ -1,0 +1,111 @@
+"""summary.json, report.md (overall and per-category tables, figures) and the rich table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .metrics import load_run, summarize
+
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOTS_DIR = "plots"
+
+COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
+           "target fwd/token", "mismatches vs AR")
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def row(arm: dict, metrics: dict, baseline: str | None) -> list[str]:
+    """One table row: the columns of :data:`COLUMNS` as text."""
+    sp = metrics.get("speedup")
+    speed = "-" if sp is None else (f"{sp:.2f}" + (f" ± {metrics['speedup_std']:.2f}" if metrics.get("speedup_std") else ""))
+    ci = metrics.get("speedup_ci")
+    if arm["name"] == baseline:
+        mism = "(reference)"
+    elif not arm["greedy"]:
+        mism = "n/a (sampling)"
+    elif "compared" in metrics:
+        mism = f"{metrics['mismatches']}/{metrics['compared']}"
+    else:
+        mism = "-"
+    return [
+        arm["name"], str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
+        _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+        _num(metrics["target_forwards_per_token"], 3), mism,
+    ]
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return lines
+
+
+def markdown(summary: dict, figures: dict[str, str]) -> str:
+    """The report text."""
+    base = summary.get("baseline")
+    lines = [
+        f"# Experiment: {summary.get('name')}", "",
+        f"Target `{summary.get('target')}`, max_new_tokens {summary.get('max_new_tokens')}, "
+        f"repeats {summary.get('repeats')}, torch {summary.get('torch')}.",
+        f"Speedup is relative to the `{base}` arm on the same prompts" if base
+        else "No `autoregressive` arm: speedups are not available.", "",
+        "## Overall", "",
+    ]
+    lines += _md_table([row(a, a["overall"], base) for a in summary["arms"]])
+    categories = sorted({c for a in summary["arms"] for c in a["categories"]})
+    if len(categories) > 1:
+        lines += ["", "## Per category"]
+        for cat in categories:
+            lines += ["", f"### {cat}", ""]
+            lines += _md_table([row(a, a["categories"][cat], base) for a in summary["arms"] if cat in a["categories"]])
+    if figures:
+        lines += ["", "## Figures", ""]
+        for title, rel in figures.items():
+            lines += [f"### {title}", "", f"![{title}]({rel})", ""]
+    lines += [
+        "", "## Definitions", "",
+        "- tau: tokens emitted per target forward, bonus token included.",
+        "- delta: draft forwards per target forward.",
+        "- speedup: autoregressive wall time / arm wall time over the same (question, repeat) answers; "
+        "± is the standard deviation over repeats, the CI a bootstrap over questions.",
+        "- target fwd/token: target forwards per emitted token (1 / tau).",
+        "- mismatches vs AR: greedy answers whose tokens differ from the autoregressive arm's.",
+        "", "Full definitions: docs/experiments.md.", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: str | Path, plots: bool = True) -> dict:
+    """Recompute summary.json, the plots and report.md from the answers in ``out_dir``."""
+    out_dir = Path(out_dir)
+    run = load_run(out_dir)
+    summary = summarize(run)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    figures: dict[str, str] = {}
+    if plots:
+        from .plots import make_plots
+
+        figures = make_plots(run, summary, out_dir / PLOTS_DIR)
+        figures = {title: str(Path(p).relative_to(out_dir)) for title, p in figures.items()}
+    (out_dir / REPORT_FILE).write_text(markdown(summary, figures), encoding="utf-8")
+    return summary
+
+
+def summary_table(summary: dict, title: str | None = None) -> Any:
+    """The overall table as a ``rich.table.Table``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    # Arm names like "talon[mu=0.01]" would read as rich markup: escape every cell.
+    table = Table(title=escape(title or f"{summary.get('name')}: {summary.get('target')}"))
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for arm in summary["arms"]:
+        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"))))
+    return table
