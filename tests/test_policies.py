@@ -24,9 +24,12 @@ RANKED = {"chain", "talon", "eagle", "static", "opt-tree", "sequoia"}
 
 
 def build(name: str, drafter: SyntheticDrafter, budget: int, root: int = 0):
-    """Build one tree with the policy's default options; returns (tree, session, policy)."""
+    """Build one tree with the policy's default options; returns (tree, session, policy).
+
+    The session carries a freshly seeded generator, so sampling policies are reproducible too.
+    """
     policy = make_plugin("policies", name)
-    session = make_session(drafter, root_token=root)
+    session = make_session(drafter, root_token=root, generator=torch.Generator().manual_seed(1234))
     return policy.build(session, budget), session, policy
 
 
