@@ -8,6 +8,7 @@ answers already on disk (keyed by arm, question_id and repeat).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -357,6 +358,20 @@ class RunOutcome:
     summary: dict
 
 
+@contextlib.contextmanager
+def _no_loading_bars():
+    """Hide transformers' per-model "Loading weights" bars under our own progress bar."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -428,7 +443,8 @@ class Experiment:
     def _compute(self, todo: list, questions: list[Question], store: AnswerStore, skipped: int) -> int:
         cfg = self.config
         pending = [a for a in cfg.arms if any(t[2] is a for t in todo)]
-        encoder, target, runners, eos = self._prepare(pending, questions)
+        with _no_loading_bars():
+            encoder, target, runners, eos = self._prepare(pending, questions)
         self._record_greedy(runners)
         self._warmup(pending, runners, encoder, questions[0], eos)
         computed = 0

@@ -187,8 +187,7 @@ def tree_drawings(run: dict, summary: dict, path: Path, k: int = 3) -> Path | No
         for j, data in enumerate(trees):
             ax = fig.add_subplot(len(arms), k, i * k + j + 1)
             graph = tree_graph(data)
-            pos = nx.multipartite_layout(graph, subset_key="depth", align="horizontal")
-            pos = {n: (x, -y) for n, (x, y) in pos.items()} if _root_below(pos) else pos
+            pos = tidy_layout(graph)
             colors = ["tab:green" if graph.nodes[n]["accepted"] else "tab:blue" for n in graph]
             small = graph.number_of_nodes() > 25
             nx.draw_networkx(graph, pos, ax=ax, node_size=25 if small else 120, node_color=colors,
@@ -201,10 +200,23 @@ def tree_drawings(run: dict, summary: dict, path: Path, k: int = 3) -> Path | No
     return _save(fig, path)
 
 
-def _root_below(pos: dict) -> bool:
-    """True when the layout put the root (node 0) under the deeper layers."""
-    ys = [y for _, y in pos.values()]
-    return pos[0][1] < max(ys)
+def tidy_layout(graph: Any) -> dict[int, tuple[float, float]]:
+    """Crossing-free positions for a tree graph: leaves side by side in depth-first order,
+    each parent centred over its children, depth downwards (root on top)."""
+    pos: dict[int, tuple[float, float]] = {}
+    next_leaf = [0.0]
+
+    def place(node: int) -> float:
+        kids = list(graph.successors(node))
+        if kids:
+            x = sum(place(k) for k in kids) / len(kids)
+        else:
+            x, next_leaf[0] = next_leaf[0], next_leaf[0] + 1.0
+        pos[node] = (x, -float(graph.nodes[node]["depth"]))
+        return x
+
+    place(0)
+    return pos
 
 
 def _colors(n: int) -> list:

@@ -211,3 +211,27 @@ def test_changed_settings_refuse_to_mix_with_old_answers(tmp_path):
     (out / "run.json").write_text(json.dumps({"fingerprint": cfg.fingerprint(), "arms": arms, "greedy": {}}))
     with pytest.raises(ExperimentError, match="arm 'chain' changed"):
         run_experiment(cfg_path, progress=False)
+
+
+def test_cli_run_resumes_and_prints_the_table(full_run):
+    from click.testing import CliRunner
+
+    from specframe.cli import cli
+
+    cfg, outcome = full_run
+    result = CliRunner().invoke(cli, ["run", str(cfg.source), "--no-progress"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "chain" in result.output and "autoregressive" in result.output
+    assert f"0 answers computed, {2 * N_PROMPTS} reused" in result.output
+
+
+def test_cli_run_reports_config_errors_without_traceback(tmp_path):
+    from click.testing import CliRunner
+
+    from specframe.cli import cli
+
+    path = make_config(tmp_path)
+    path.write_text(path.read_text().replace('policy = "chain"', 'policy = "chian"'))
+    result = CliRunner().invoke(cli, ["run", str(path)])
+    assert result.exit_code != 0
+    assert "unknown policy 'chian'" in result.output and "Traceback" not in result.output
