@@ -301,3 +301,24 @@ def test_prompt_encoder_multi_turn_concatenates_context():
 def test_chat_template_without_template_is_an_error():
     with pytest.raises(DataError, match="chat_template"):
         PromptEncoder(ByteTokenizer(64), chat_template=True)
+
+
+def test_documented_full_example_is_valid(tmp_path):
+    """docs/experiments.md's every-key example parses (shipped models swapped for random ones)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "experiments.md").read_text()
+    block = doc.split("## Full example", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    block = (block.replace('model = "demo-target"', 'model = "random:llama"\nrandom = { vocab_size = 64 }')
+             .replace('tokenizer = "demo-target"', 'tokenizer = "bytes"')
+             .replace('model = "demo-draft"', 'model = "perturbed:target"'))
+    (tmp_path / "prompts").mkdir()
+    rows = [{"question_id": i, "category": c, "turns": ["x"]} for i, c in enumerate(["asyncio", "base64", "zlib"])]
+    (tmp_path / "prompts" / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "exp.toml").write_text(block)
+    cfg = load_config(tmp_path / "exp.toml")
+    names = [a.name for a in cfg.arms]
+    assert names[:4] == ["ar", "hf-assisted", "hf-prompt-lookup", "eagle"]
+    assert len(names) == 4 + 6 and "ngram+talon[mu=0.01,budget=32]" in names
+    assert cfg.arm("hf-assisted").baseline_options["num_assistant_tokens"] == 5
+    assert (cfg.repeats, cfg.threads, cfg.data.limit, cfg.output.trees_per_answer) == (3, 1, 20, 2)
