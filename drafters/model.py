@@ -9,6 +9,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import OptionError
+from specframe.pairs import check_same_tokenizer, model_source
 from specframe.target import TargetModel, load_causal_lm
 from specframe.tree import DraftTree
 
@@ -45,6 +46,9 @@ class ModelDrafter(Drafter):
         if model is None:
             raise OptionError("option 'model' of drafter 'model' is required (a model, path or shipped name)")
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            target_dir = model_source(target.model)
+            if target_dir is not None:  # both given as paths: refuse a mismatched pair before loading
+                check_same_tokenizer(target_dir, str(model))
             model = load_causal_lm(
                 str(model), dtype=options.dtype or target.dtype, device=target.device,
                 attn_implementation=options.attn_implementation,
