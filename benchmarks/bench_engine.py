@@ -60,9 +60,10 @@ def make_models(vocab: int = 32000):
     return llama(256, 4, 0), llama(128, 1, 1)
 
 
-def run_arm(label, target, draft, policy, tokens, prompt):
+def run_arm(label, target, draft, policy, tokens, prompt, fast=False):
     """Generate once (warm-up) and once timed; print the mean split per step."""
-    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}), policy=policy)
+    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}), policy=policy,
+                                      fast=fast)
     dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
     out = dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)
     steps = out.steps
@@ -71,7 +72,7 @@ def run_arm(label, target, draft, policy, tokens, prompt):
     draft_t = sum(s.draft_time for s in steps) / n
     total = sum(s.total_time for s in steps) / n
     other = total - target_t - draft_t
-    print(f"{label:<22} steps={n:4d} tree={sum(s.tree_size for s in steps) / n:5.1f} "
+    print(f"{label:<26} steps={n:4d} tree={sum(s.tree_size for s in steps) / n:5.1f} "
           f"step={total * 1e3:7.2f} ms  target={target_t * 1e3:7.2f}  draft={draft_t * 1e3:7.2f}  "
           f"else={other * 1e3:6.2f} ms ({100 * other / total:4.1f}% of step)  "
           f"[policy {sum(s.policy_time for s in steps) / n * 1e3:.2f}, verify "
@@ -89,8 +90,11 @@ def main() -> None:
     target, draft = make_models()
     prompt = torch.randint(0, 32000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"torch {torch.__version__}, {args.threads} threads, CPU float32, {args.tokens} new tokens")
-    run_arm("chain gamma=4", target, draft, ("chain", {"gamma": 4}), args.tokens, prompt)
-    run_arm("60-node tree (wide)", target, draft, WideTreePolicy(WideOptions()), args.tokens, prompt)
+    # Reference path (growing DynamicCache) and fast path (pre-allocated cache) side by side.
+    for label, policy in (("chain gamma=4", ("chain", {"gamma": 4})),
+                          ("60-node tree (wide)", WideTreePolicy(WideOptions()))):
+        for fast in (False, True):
+            run_arm(f"{label} {'fast' if fast else 'ref '}", target, draft, policy, args.tokens, prompt, fast)
 
 
 if __name__ == "__main__":

@@ -87,11 +87,17 @@ def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
 class SpecDecoder:
     """Speculative decoding with draft trees: any drafter x policy x verifier."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter, policy: TreePolicy, verifier: Verifier) -> None:
+    def __init__(
+        self, target: TargetModel, drafter: Drafter, policy: TreePolicy, verifier: Verifier,
+        fast: bool | None = None,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.policy = policy
         self.verifier = verifier
+        # Fast path (default on CUDA): the target's KV cache is allocated once per generation
+        # for prompt + max_new_tokens + budget positions and compacted in place.
+        self.fast = target.device.type == "cuda" if fast is None else bool(fast)
         if drafter.vocab_size != target.vocab_size:
             raise ValueError(
                 f"drafter {drafter.name!r} has vocabulary size {drafter.vocab_size}, the target has "
@@ -105,17 +111,19 @@ class SpecDecoder:
         drafter: PluginSpec = "model",
         policy: PluginSpec = "chain",
         verifier: PluginSpec = "greedy",
+        fast: bool | None = None,
     ) -> "SpecDecoder":
         """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
 
         Each spec is a registered name, a ``(name, options_dict)`` pair or an instance.
-        Options are checked before any drafter model loads.
+        Options are checked before any drafter model loads. ``fast``: pre-allocated KV cache
+        (default: on for CUDA targets); output is identical either way.
         """
         tgt = target if isinstance(target, TargetModel) else TargetModel(target)
         pol = make_plugin("policies", policy)
         ver = make_plugin("verifiers", verifier)
         dra = make_plugin("drafters", drafter, tgt)
-        return cls(tgt, dra, pol, ver)
+        return cls(tgt, dra, pol, ver, fast=fast)
 
     @property
     def _needs_hidden(self) -> bool:
@@ -145,7 +153,7 @@ class SpecDecoder:
             )
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
-        self.target.reset()
+        self.target.reset(capacity=need + self.policy.budget if self.fast else None)
         hidden = None
         if len(prompt) > 1:
             # The root (last prompt token) enters with the first tree, as in EAGLE.

@@ -15,6 +15,58 @@ import torch
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
+def _preallocated_layer_class():
+    """A DynamicLayer whose K/V live in buffers allocated once (created lazily: transformers'
+    cache classes are imported only when a model runs)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """K/V buffers of ``capacity`` positions: ``update`` writes in place and returns views,
+        ``keep`` compacts in place, so a generation never reallocates its cache."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            batch, heads = key_states.shape[:2]
+            self.device = key_states.device
+            self._kbuf = key_states.new_zeros(batch, heads, self.capacity, key_states.shape[-1])
+            self._vbuf = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
+            self.is_initialized = True
+
+        def _views(self) -> None:
+            self.keys = self._kbuf[..., : self.length, :]
+            self.values = self._vbuf[..., : self.length, :]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"pre-allocated KV cache overflow: {end} > capacity {self.capacity}")
+            self._kbuf[..., self.length : end, :] = key_states
+            self._vbuf[..., self.length : end, :] = value_states
+            self.length = end
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def keep(self, start: int, slots: torch.Tensor) -> None:
+            n = int(slots.numel())
+            if n:
+                # Advanced indexing copies first, so overlapping source/destination is safe.
+                self._kbuf[..., start : start + n, :] = self._kbuf[..., start + slots, :]
+                self._vbuf[..., start : start + n, :] = self._vbuf[..., start + slots, :]
+            self.length = start + n
+            self._views()
+
+    return PreallocatedLayer
+
+
 class UnsupportedModelError(ValueError):
     """The model cannot run tree attention (no custom 4D mask or position ids)."""
 
@@ -63,13 +115,25 @@ class TargetModel:
         self.cache_len = 0
 
     # ------------------------------------------------------------------ cache
-    def reset(self) -> None:
-        """Drop the KV cache (start of a new sequence)."""
+    def reset(self, capacity: int | None = None) -> None:
+        """Drop the KV cache (start of a new sequence).
+
+        With ``capacity`` the cache is pre-allocated for that many positions (fast path: no
+        reallocation per step); otherwise it grows by concatenation (transformers' DynamicCache).
+        """
         from transformers import DynamicCache
 
-        self.cache = DynamicCache()
+        if capacity is None:
+            self.cache = DynamicCache()
+        else:
+            from transformers.cache_utils import Cache
+
+            layer_cls = _preallocated_layer_class()
+            n_layers = self.model.config.get_text_config().num_hidden_layers
+            self.cache = Cache(layers=[layer_cls(capacity) for _ in range(n_layers)])
         self.cache_len = 0
 
+    @torch.inference_mode()
     def keep(self, start: int, slots: torch.Tensor) -> None:
         """Compact the cache to entries ``[:start]`` plus ``start + slots`` (in that order).
 
@@ -80,6 +144,9 @@ class TargetModel:
         n = int(slots.numel())
         contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
         for layer in self.cache.layers:
+            if hasattr(layer, "keep"):
+                layer.keep(start, slots)
+                continue
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
             if contiguous:

@@ -48,14 +48,16 @@ def _policy_options(name, data):
 def test_greedy_output_equals_generate(policy, seed, noise, prompt, max_new, eos, data):
     target, draft = _pair(seed, noise)
     expected = _reference(target, prompt, max_new, eos)
+    options = _policy_options(policy, data)
     for drafter in _drafter_specs(draft):
-        dec = specframe.SpecDecoder.build(target=target, drafter=drafter,
-                                          policy=(policy, _policy_options(policy, data)))
-        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos)
-        assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}"
-        assert len(out.tokens) <= max_new
-        assert sum(s.emitted for s in out.steps) == len(out.tokens)
-        assert out.stopped_at_eos == (eos in out.tokens)
+        for fast in (False, True):  # reference path and the pre-allocated fast path
+            dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy=(policy, options),
+                                              fast=fast)
+            out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos)
+            assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, fast={fast}"
+            assert len(out.tokens) <= max_new
+            assert sum(s.emitted for s in out.steps) == len(out.tokens)
+            assert out.stopped_at_eos == (eos in out.tokens)
 
 
 def test_lossless_covers_drafts_that_are_accepted():
