@@ -1,0 +1,24 @@
+"""The benchmark scripts run (CI runs the GPU suite's smoke mode on the CPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_suite_smoke.json").read_text())
+    assert set(result["latency_ms"]) == {"16", "32"}
+    assert all(len(row) == 4 and all(ms > 0 for ms in row.values()) for row in result["latency_ms"].values())
+    assert set(result["step_split_ms"]) == {"chain", "eagle", "talon"}
+    assert result["step_split_ms"]["eagle"]["draft_forwards"] == 8.0  # D + 1 with D = 7
+    arms = result["demo"]["float32"]
+    assert "autoregressive" in arms and "talon" in arms
+    assert all(m["mismatches"] in (0, None) for m in arms.values())
+    assert set(result["projection"]) <= {"chain", "eagle", "talon"} and result["projection"]
+    assert "PROJECTED" in (tmp_path / "gpu_suite_smoke.txt").read_text()
