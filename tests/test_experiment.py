@@ -235,3 +235,40 @@ def test_cli_run_reports_config_errors_without_traceback(tmp_path):
     result = CliRunner().invoke(cli, ["run", str(path)])
     assert result.exit_code != 0
     assert "unknown policy 'chian'" in result.output and "Traceback" not in result.output
+
+
+def test_sigkill_loses_no_finished_answer(tmp_path):
+    """A real crash: SIGKILL the run in a subprocess after two answers, then resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg_path = make_config(tmp_path)
+    script = (
+        "import sys, time\n"
+        "from specframe.experiment import run_experiment\n"
+        "run_experiment(sys.argv[1], progress=False, on_record=lambda arm, r: time.sleep(30))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(cfg_path)])
+    answers = tmp_path / "out" / "answers"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            # The hook sleeps after the first answer: kill once it is written.
+            if sum(len(read_answers(p)) for p in answers.glob("*.jsonl")) >= 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    on_disk = {(p.stem, r["question_id"]) for p in answers.glob("*.jsonl") for r in read_answers(p)}
+    assert len(on_disk) == 1
+    again: list[tuple[str, int]] = []
+    outcome = run_experiment(cfg_path, progress=False, on_record=lambda arm, r: again.append((arm, r["question_id"])))
+    assert outcome.skipped == 1 and not on_disk & set(again)
+    assert len(again) == 2 * N_PROMPTS - 1
