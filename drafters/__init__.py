@@ -10,6 +10,20 @@ def register_drafters(register):
 
     register(ModelDrafter)
 
+    from .eagle import EagleDrafter
+    from .eagle3 import Eagle3Drafter
+
+    register(EagleDrafter)
+    register(Eagle3Drafter)
+
     from .ngram import NgramDrafter
 
     register(NgramDrafter)
+
+
+@hookimpl
+def register_commands(cli):
+    """Add the ``train-eagle`` command (EAGLE head trainer)."""
+    from specframe.eagle_train import train_eagle_command
+
+    cli.add_command(train_eagle_command)
