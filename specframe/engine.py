@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -136,12 +139,24 @@ class SpecDecoder:
         max_new_tokens: int = 128,
         eos_token_id: int | Sequence[int] | None = -1,
         generator: torch.Generator | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids``.
 
         ``eos_token_id``: stop after emitting any of these ids; the default (-1) takes the
         target's ``generation_config.eos_token_id``; None disables EOS stopping.
+        ``temperature``: None keeps the verifier's own setting; 0 verifies with exact greedy;
+        > 0 needs a sampling verifier and overrides its temperature for this call.
+        ``seed`` / ``generator``: randomness of this call for the verifier and for policies
+        that sample children (the same seed gives the same output); neither = the plugins'
+        own generators (their ``seed`` options) or torch's global one.
         """
+        verifier = self._verifier_for(temperature)
+        if seed is not None:
+            if generator is not None:
+                raise ValueError("pass either seed or generator to generate(), not both")
+            generator = torch.Generator().manual_seed(int(seed))
         prompt = _as_prompt(input_ids)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -164,7 +179,7 @@ class SpecDecoder:
         committed = prompt.tolist()
         out = GenerationOutput(tokens=[])
         while len(out.tokens) < max_new_tokens:
-            emitted, stats = self._step(committed, max_new_tokens - len(out.tokens), eos, generator)
+            emitted, stats = self._step(committed, max_new_tokens - len(out.tokens), eos, generator, verifier)
             committed += emitted
             out.tokens += emitted
             out.steps.append(stats)
@@ -175,8 +190,32 @@ class SpecDecoder:
         out.wall_time = time.perf_counter() - start
         return out
 
-    def _build_tree(self, committed: list[int]):
-        session = DraftSession(self.drafter, committed[-1], self.target.device)
+    def _verifier_for(self, temperature: float | None) -> Verifier:
+        """The verifier of one generate call: ``temperature`` 0 = exact greedy, > 0 overrides
+        a sampling verifier's temperature (a shallow copy, so it shares its generator)."""
+        if temperature is None:
+            return self.verifier
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+        if temperature == 0:
+            return make_plugin("verifiers", "greedy")
+        name = self.verifier.name
+        if not getattr(self.verifier, "sampling", False):
+            raise ValueError(
+                f"temperature={temperature} needs a sampling verifier, but verifier {name!r} is not "
+                f"one (it is lossless for greedy decoding only): build the decoder with "
+                f"verifier=('sampling', {{'temperature': {temperature}}}) or pass temperature=0"
+            )
+        try:
+            options = dataclasses.replace(self.verifier.options, temperature=float(temperature))
+        except TypeError as err:
+            raise ValueError(f"verifier {name!r} has no 'temperature' option to override") from err
+        verifier = copy.copy(self.verifier)
+        verifier.options = options
+        return verifier
+
+    def _build_tree(self, committed: list[int], generator: torch.Generator | None = None):
+        session = DraftSession(self.drafter, committed[-1], self.target.device, generator)
         limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
         try:
@@ -187,9 +226,11 @@ class SpecDecoder:
             raise EngineError(f"policy {self.policy.name!r} returned an invalid tree: {err}") from err
         return tree, session
 
-    def _step(self, committed: list[int], remaining: int, eos: set[int], generator) -> tuple[list[int], StepStats]:
+    def _step(
+        self, committed: list[int], remaining: int, eos: set[int], generator, verifier: Verifier
+    ) -> tuple[list[int], StepStats]:
         t0 = time.perf_counter()
-        tree, session = self._build_tree(committed)
+        tree, session = self._build_tree(committed, generator)
         t1 = time.perf_counter()
         out = self.target.tree_forward(
             tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
@@ -197,7 +238,7 @@ class SpecDecoder:
         )
         logits = out.logits[0]
         t2 = time.perf_counter()
-        verdict = self.verifier.verify(tree, logits, generator)
+        verdict = verifier.verify(tree, logits, generator)
         t3 = time.perf_counter()
         path = verdict.accepted_path.to(tree.device)
         emitted = tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)]

@@ -74,12 +74,20 @@ class Drafter(ABC):
 
 
 class DraftSession:
-    """What a policy sees while building one tree: the drafter, the root, a forward counter."""
+    """What a policy sees while building one tree: the drafter, the root, a forward counter.
 
-    def __init__(self, drafter: Drafter, root_token: int, device: torch.device) -> None:
+    ``generator``: the engine's per-call randomness (``generate(seed=...)``) for policies that
+    sample children; None lets such a policy use its own generator or torch's global one.
+    """
+
+    def __init__(
+        self, drafter: Drafter, root_token: int, device: torch.device,
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.drafter = drafter
         self.root_token = int(root_token)
         self.device = device
+        self.generator = generator
         self.draft_forwards = 0
         self.draft_time = 0.0
 

@@ -9,6 +9,7 @@ def register_tree_policies(register):
     from .chain import ChainPolicy
     from .eagle import EaglePolicy
     from .opt_tree import OptTreePolicy
+    from .sampled_tree import SampledTreePolicy
     from .sequoia import SequoiaPolicy
     from .static import StaticPolicy
     from .talon import TalonPolicy
@@ -16,3 +17,4 @@ def register_tree_policies(register):
     register(ChainPolicy)
     for policy in (TalonPolicy, EaglePolicy, StaticPolicy, OptTreePolicy, SequoiaPolicy):
         register(policy)
+    register(SampledTreePolicy)

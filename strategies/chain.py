@@ -1,8 +1,14 @@
-"""Policy ``chain``: a single path of gamma greedily drafted tokens (classic speculative decoding)."""
+"""Policy ``chain``: a single path of gamma drafted tokens (classic speculative decoding).
+
+Greedy drafting (top-1 child, ``drafting="deterministic"``) by default; with ``sample=True``
+each token is drawn from the raw draft softmax q and the tree records q at every expanded node
+(``drafting="iid"``), which is Leviathan et al.'s speculative sampling when verified by the
+``sampling`` verifier.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -11,6 +17,7 @@ from specframe.options import require
 from specframe.tree import DraftTree
 
 from ._helpers import topk_children
+from ._sampling import draft_distribution, rank_in_row, sample_iid, session_generator
 
 SCHEDULES = ("constant", "heuristic")
 
@@ -28,6 +35,11 @@ class ChainOptions:
             ``confidence_threshold`` (that token is still kept), as HF's
             ``assistant_confidence_threshold``.
         confidence_threshold: threshold of the confidence stop (HF default 0.4).
+        sample: draw each token from the raw draft softmax instead of taking the top-1 (the
+            tree then carries ``draft_probs`` and ``drafting="iid"`` for stochastic verifiers).
+        seed: seed of the policy's own ``torch.Generator`` for sampling (one stream for the
+            policy's lifetime); a generator the engine passes per call takes precedence, and
+            None uses torch's global generator.
     """
 
     gamma: int = 4
@@ -35,6 +47,8 @@ class ChainOptions:
     max_gamma: int = 32
     confidence_stop: bool = False
     confidence_threshold: float = 0.4
+    sample: bool = False
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         require(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
@@ -51,6 +65,7 @@ class ChainPolicy(TreePolicy):
 
     def __init__(self, options: ChainOptions) -> None:
         super().__init__(options)
+        self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
         self.reset()
 
     @property
@@ -64,17 +79,28 @@ class ChainPolicy(TreePolicy):
         self.gamma = self.options.gamma
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft up to gamma tokens greedily, one draft forward per token."""
+        """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each."""
         tree = session.new_tree()
-        node = 0
+        generator = session_generator(session, self.generator) if self.options.sample else None
+        node, drawn_from = 0, []
         for _ in range(min(self.gamma, budget - 1)):
             logp = session.expand(tree, [node])
-            values, tokens, ranks = topk_children(logp, 1)
+            if self.options.sample:
+                q = draft_distribution(logp)
+                tokens = sample_iid(q, 1, generator)
+                values, ranks = torch.gather(logp, -1, tokens), rank_in_row(logp, tokens)
+                drawn_from.append(q[0])
+            else:
+                values, tokens, ranks = topk_children(logp, 1)
             tree = tree.add_nodes(torch.tensor([node]), tokens[0], tree.logp[node] + values[0], ranks[0])
             node = len(tree) - 1
             if self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold:
                 break
-        return tree
+        if not self.options.sample:
+            return tree
+        # Row u = the q node u's child was drawn from; the last node was never expanded.
+        rows = drawn_from + [torch.zeros(session.vocab_size, dtype=torch.float64, device=tree.device)]
+        return replace(tree, draft_probs=torch.stack(rows).to(tree.device), drafting="iid")
 
     def observe(self, step: StepStats) -> None:
         """Heuristic schedule: grow after a fully accepted draft, shrink otherwise."""

@@ -7,5 +7,7 @@ from specframe.plugins import hookimpl
 def register_verifiers(register):
     """Register the built-in verifiers."""
     from .greedy import GreedyVerifier
+    from .sampling import SamplingVerifier
 
     register(GreedyVerifier)
+    register(SamplingVerifier)

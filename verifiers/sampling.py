@@ -1,0 +1,364 @@
+"""Verifier ``sampling``: lossless tree speculative sampling (temperature, top-k, top-p).
+
+The emitted tokens are distributed exactly as sampling from the target with the same warping
+(``generate(do_sample=True, temperature=..., top_k=..., top_p=...)``), whatever the tree, as long
+as the tree says how its children were drafted (``tree.drafting``) and, for sampled children,
+carries the draft distributions they were drawn from (``tree.draft_probs``).
+
+One rule covers the three drafting modes of ALGORITHMS.md ("Verification"). At an accepted node
+with residual R, the i-th child c_i was proposed from a distribution q_i and is accepted iff
+``u_i * q_i(c_i) < R(c_i)`` (probability min(1, R/q)); on rejection ``R = norm(max(0, R - q_i))``:
+
+- ``iid``: q_i = q, the node's draft distribution;
+- ``without_replacement``: q_1 = q, q_(i+1) = q_i with c_i zeroed and renormalised;
+- ``deterministic``: q_i = one-hot(c_i), so the test is ``u_i < R(c_i)`` and the update zeroes
+  c_i (R(c_i) <= 1) -- exactly the top-k / gated rule of the table.
+
+Randomness is drawn up front as ``len(tree)`` uniforms: ``u[i]`` (i >= 1) is node i's
+acceptance draw and ``u[0]`` (the root needs no test) picks the bonus token by inverse CDF. Each node is tested at most once,
+so the draws are independent where they are used, and the fast and reference verifiers can be
+fed the same numbers and must then take the same decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specframe.interfaces import Verdict, Verifier
+from specframe.options import require
+from specframe.tree import DRAFTING_MODES, DraftTree
+
+
+@dataclass
+class SamplingOptions:
+    """Options of the ``sampling`` verifier (transformers' generate semantics).
+
+    Attributes:
+        temperature: target logits are divided by it; must be > 0 (for greedy use the
+            ``greedy`` verifier or ``generate(temperature=0)``).
+        top_k: keep the k most likely tokens (ties at the k-th logit kept); 0 = off.
+        top_p: nucleus sampling: keep the smallest set of most likely tokens whose mass
+            reaches top_p; 1.0 = off.
+        seed: when set, the verifier owns a ``torch.Generator`` seeded with it (one stream for
+            the decoder's lifetime); a generator passed by the engine takes precedence.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            math.isfinite(self.temperature) and self.temperature > 0, "temperature",
+            f"must be a finite number > 0, got {self.temperature} (for greedy decoding use "
+            "verifier 'greedy' or generate(temperature=0))",
+        )
+        require(self.top_k >= 0, "top_k", f"must be >= 0 (0 = off), got {self.top_k}")
+        require(0.0 <= self.top_p <= 1.0, "top_p", f"must be in [0, 1] (1.0 = off), got {self.top_p}")
+
+
+class MissingDraftProbsError(ValueError):
+    """A tree with sampled children carries no (or mis-shaped) draft distributions."""
+
+
+# ---------------------------------------------------------------------------- warping
+def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Apply temperature, then top-k, then top-p to ``[..., V]`` logits, as transformers does.
+
+    Same order and tie rules as ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
+    ``TopPLogitsWarper`` with ``min_tokens_to_keep=1``; removed tokens get ``-inf``.
+    """
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k > 0:
+        kth = torch.topk(scores, min(int(top_k), scores.shape[-1]), dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # the most likely token always stays
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, -math.inf)
+    return scores
+
+
+def target_probs(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
+    """Warped target distribution ``[n, V]`` in float64 (decisions are made in float64)."""
+    warped = warp_logits(logits, options.temperature, options.top_k, options.top_p)
+    return torch.softmax(warped.to(torch.float64), dim=-1)
+
+
+def draw_uniforms(num_nodes: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    """``num_nodes`` float64 uniforms in [0, 1): u[0] for the bonus, u[i] for node i's test.
+
+    Drawn on the generator's device (CPU for the global generator) and moved to ``device``.
+    """
+    gen_device = generator.device if generator is not None else "cpu"
+    u = torch.rand(num_nodes, generator=generator, dtype=torch.float64, device=gen_device)
+    return u.to(device)
+
+
+# ---------------------------------------------------------------------------- shared pieces
+def proposals(tree: DraftTree, vocab_size: int) -> torch.Tensor | None:
+    """The tree's draft distributions as float64 ``[n, V]``, or None for deterministic trees.
+
+    Raises :class:`MissingDraftProbsError` when a sampled tree lacks them or they mis-shape.
+    """
+    if tree.drafting not in DRAFTING_MODES:
+        raise ValueError(f"tree.drafting is {tree.drafting!r}; valid modes: {', '.join(DRAFTING_MODES)}")
+    if tree.drafting == "deterministic":
+        return None
+    q = tree.draft_probs
+    if q is None:
+        raise MissingDraftProbsError(
+            f"tree.drafting is {tree.drafting!r} but tree.draft_probs is None: a policy that samples "
+            "children must record, for every expanded node u, the draft distribution q its children "
+            "were drawn from (row u of tree.draft_probs)"
+        )
+    if tuple(q.shape) != (len(tree), vocab_size):
+        raise MissingDraftProbsError(
+            f"tree.draft_probs has shape {tuple(q.shape)}, expected ({len(tree)}, {vocab_size}) = "
+            "(tree nodes, target vocabulary)"
+        )
+    return q.to(torch.float64)
+
+
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Tokens ``[S]`` drawn from the rows of ``dist`` [S, V] (unnormalised) with uniforms ``u`` [S].
+
+    Each is the first token whose cumulative mass exceeds ``u * total``; never a zero-mass token.
+    """
+    cdf = dist.cumsum(dim=-1)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    ids = torch.arange(dist.shape[-1], device=dist.device)
+    last_positive = torch.where(dist > 0, ids, -1).max(dim=-1).values
+    return torch.minimum(token, last_positive)
+
+
+def sibling_ranks(parents: torch.Tensor) -> torch.Tensor:
+    """Order of each node among its siblings (0 = first child in tree order); -1 at the root."""
+    n = parents.shape[0]
+    ranks = torch.full((n,), -1, dtype=torch.long, device=parents.device)
+    if n > 1:
+        child_parents = parents[1:]
+        order = torch.argsort(child_parents, stable=True)  # grouped by parent, tree order inside
+        grouped = child_parents[order]
+        first = torch.searchsorted(grouped, grouped)  # start of each node's sibling group
+        ranks[1 + order] = torch.arange(n - 1, device=parents.device) - first
+    return ranks
+
+
+def _renormalise(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to sum 1; a row with no mass left keeps ``fallback`` (a float-rounding guard:
+    after a rejection the exact residual always has positive mass)."""
+    total = rows.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, rows / total.clamp(min=torch.finfo(rows.dtype).tiny), fallback)
+
+
+# ---------------------------------------------------------------------------- fast verifier
+def sample_accept(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
+    """Vectorised tree speculative sampling given warped target ``probs`` [n, V] and ``uniforms`` [n]."""
+    last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
+    path = torch.nonzero(tree.ancestor_mask()[int(last[0])]).flatten()  # root .. last, in order
+    return Verdict(accepted_path=path, bonus_token=int(bonus[0]))
+
+
+def sample_accept_batch(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decide S independent verifications of one tree at once (``uniforms`` [S, n]).
+
+    Returns ``(last, bonus)``, each ``[S]``: the deepest accepted node and the bonus token. The
+    engine uses S = 1; larger S gives Monte-Carlo acceptance estimates of a fixed tree (and the
+    distribution tests) without a Python loop per draw.
+
+    A node's decision (which child it accepts, or its final residual) depends only on its own
+    target row, draft row, children and their draws -- never on how the walk reached it, since
+    R restarts from the fresh target distribution at every accepted node. So every node is
+    decided at once; the walk then follows accepted-child pointers from the root.
+    """
+    probs = probs.to(torch.float64)
+    uniforms = uniforms.to(probs.device, torch.float64)
+    q = proposals(tree, probs.shape[1])
+    parents, tokens = tree.parents.to(probs.device), tree.tokens.to(probs.device)
+    if q is None:
+        accepted_child = _decide_deterministic(parents, tokens, probs, uniforms)
+    else:
+        accepted_child, residual = _decide_sampled(parents, tokens, probs, q.to(probs.device), uniforms, tree.drafting)
+    last = _deepest_accepted(tree, parents, accepted_child)
+    if q is None:
+        # Every child of the last node was rejected: R = its target row with those tokens zeroed.
+        is_child = torch.zeros_like(probs, dtype=torch.bool)
+        is_child[parents[1:], tokens[1:]] = True
+        final = _renormalise(probs[last].masked_fill(is_child[last], 0.0), probs[last])
+    else:
+        final = residual[torch.arange(len(last), device=probs.device), last]
+    return last, inverse_cdf(final, uniforms[:, 0])
+
+
+def _deepest_accepted(tree: DraftTree, parents: torch.Tensor, accepted_child: torch.Tensor) -> torch.Tensor:
+    """``[S]`` end of the walk: a node is on the accepted path iff it and each of its non-root
+    ancestors is its parent's accepted child (counted with one matmul against the ancestor mask)."""
+    samples, n = accepted_child.shape
+    ids = torch.arange(n, device=parents.device)
+    chosen = accepted_child.gather(1, parents.clamp(min=0).expand(samples, n)) == ids
+    chosen[:, 0] = True
+    anc = tree.ancestor_mask().to(parents.device, torch.float32)
+    off_path = (~chosen).to(torch.float32) @ anc.T  # number of unchosen nodes on each root path
+    depths = tree.depths.to(parents.device)
+    return torch.where(off_path == 0, depths, -1).argmax(dim=-1)
+
+
+def _decide_deterministic(parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Accepted child ``[S, n]`` of every node (-1: none) for deterministic children, in closed form.
+
+    After rejecting the earlier siblings, R(c_i) = P(c_i) / (1 - mass of earlier siblings), so
+    ``u_i < R(c_i)`` becomes ``u_i * (1 - before_i) < P(c_i)``: no loop over siblings.
+    """
+    samples, n = uniforms.shape
+    if n == 1:
+        return torch.full((samples, 1), -1, dtype=torch.long, device=probs.device)
+    child_parents = parents[1:]
+    mass = probs[child_parents, tokens[1:]]
+    order = torch.argsort(child_parents, stable=True)  # sibling groups, tree order inside
+    grouped_parents, grouped_mass = child_parents[order], mass[order]
+    inclusive = grouped_mass.cumsum(dim=0)
+    group_start = torch.searchsorted(grouped_parents, grouped_parents)
+    before_group = torch.where(group_start > 0, inclusive[(group_start - 1).clamp(min=0)], torch.zeros_like(inclusive))
+    before = torch.empty_like(mass)
+    before[order] = inclusive - grouped_mass - before_group
+    accept = uniforms[:, 1:] * (1.0 - before) < mass
+    node_ids = torch.arange(1, n, device=probs.device).expand(samples, n - 1)
+    first = torch.full((samples, n), n, dtype=torch.long, device=probs.device)
+    first.scatter_reduce_(1, child_parents.expand(samples, n - 1), torch.where(accept, node_ids, n), reduce="amin")
+    return torch.where(first < n, first, -1)
+
+
+def _decide_sampled(
+    parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, q: torch.Tensor,
+    uniforms: torch.Tensor, mode: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted child ``[S, n]`` and final residual ``[S, n, V]`` of every node for i.i.d. /
+    without-replacement children.
+
+    The residual update is sequential over siblings, so this loops over sibling rank (the
+    widest node's child count), vectorised over draws, nodes and the vocabulary.
+    """
+    samples, n = uniforms.shape
+    residual = probs.expand(samples, -1, -1).clone()
+    # i.i.d. proposals never change; without replacement each draw zeroes its own copy.
+    proposal = q.expand(samples, -1, -1).clone() if mode == "without_replacement" else q.expand(samples, -1, -1)
+    accepted_child = torch.full((samples, n), -1, dtype=torch.long, device=probs.device)
+    ranks = sibling_ranks(parents)
+    for j in range(int(ranks.max()) + 1):
+        kids = torch.nonzero(ranks == j).flatten()
+        par, tok = parents[kids], tokens[kids]  # each parent has at most one child of rank j
+        live = accepted_child[:, par] < 0  # [S, m]: parents still testing children
+        if not bool(live.any()):
+            break  # a parent with a (j+1)-th child has a j-th one, so none are left
+        accept = live & (uniforms[:, kids] * proposal[:, par, tok] < residual[:, par, tok])
+        accepted_child[:, par] = torch.where(accept, kids, accepted_child[:, par])
+        reject = (live & ~accept)[..., None]
+        old = residual[:, par]
+        residual[:, par] = torch.where(reject, _renormalise((old - proposal[:, par]).clamp(min=0.0), old), old)
+        if mode == "without_replacement":
+            old_q = proposal[:, par]
+            zeroed = old_q.clone()
+            zeroed[:, torch.arange(len(par), device=probs.device), tok] = 0.0
+            proposal[:, par] = torch.where(reject, _renormalise(zeroed, old_q), old_q)
+    return accepted_child, residual
+
+
+# ---------------------------------------------------------------------------- reference
+def sample_accept_reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
+    """Slow, literal walk of the ALGORITHMS.md table (the reference for :func:`sample_accept`)."""
+    mode = tree.drafting
+    q_all = proposals(tree, probs.shape[1])
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    u = [float(x) for x in uniforms.tolist()]
+    node, path = 0, [0]
+    while True:
+        R = [float(x) for x in probs[node].tolist()]  # fresh target distribution at this node
+        q = None if q_all is None else [float(x) for x in q_all[node].tolist()]
+        next_node = None
+        for child in [i for i in range(len(tokens)) if parents[i] == node]:  # tree order
+            c = tokens[child]
+            if mode == "deterministic":
+                accept_probability = R[c]
+            elif q[c] > 0:
+                accept_probability = min(1.0, R[c] / q[c])
+            else:
+                accept_probability = 1.0 if R[c] > 0 else 0.0
+            if u[child] < accept_probability:
+                next_node = child
+                break
+            if mode == "deterministic":
+                new_R = list(R)
+                new_R[c] = 0.0
+            else:
+                new_R = [max(0.0, r - p) for r, p in zip(R, q)]
+            if sum(new_R) > 0:
+                R = [r / sum(new_R) for r in new_R]
+            if mode == "without_replacement":
+                new_q = list(q)
+                new_q[c] = 0.0
+                if sum(new_q) > 0:
+                    q = [p / sum(new_q) for p in new_q]
+        if next_node is None:
+            return Verdict(accepted_path=torch.tensor(path, dtype=torch.long), bonus_token=_draw(R, u[0]))
+        node = next_node
+        path.append(node)
+
+
+def _draw(dist: list[float], u: float) -> int:
+    """Inverse-CDF draw from an unnormalised list (first token whose running mass exceeds u*total)."""
+    target = u * sum(dist)
+    running = 0.0
+    for token, mass in enumerate(dist):
+        running += mass
+        if running > target:
+            return token
+    return max(t for t, mass in enumerate(dist) if mass > 0)
+
+
+# ---------------------------------------------------------------------------- plugins
+class SamplingVerifier(Verifier):
+    """Lossless in distribution: emits tokens distributed as the warped target's samples."""
+
+    name = "sampling"
+    Options = SamplingOptions
+    lossless = True
+    sampling = True
+
+    def __init__(self, options: SamplingOptions) -> None:
+        super().__init__(options)
+        self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
+
+    def decide(self, tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
+        """The decision given warped target probabilities and pre-drawn uniforms."""
+        return sample_accept(tree, probs, uniforms)
+
+    def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+        """Warp the target logits, draw ``len(tree)`` uniforms and decide.
+
+        Randomness: ``generator`` if given, else the verifier's own (``seed`` option), else
+        torch's global generator.
+        """
+        probs = target_probs(target_logits, self.options)
+        gen = generator if generator is not None else self.generator
+        uniforms = draw_uniforms(len(tree), gen, probs.device)
+        return self.decide(tree, probs, uniforms)
+
+
+class SamplingReferenceVerifier(SamplingVerifier):
+    """The same verifier running the slow reference walk (not registered; pass an instance)."""
+
+    name = "sampling-reference"
+
+    def decide(self, tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
+        """The reference decision given the same inputs as :meth:`SamplingVerifier.decide`."""
+        return sample_accept_reference(tree, probs, uniforms)
