@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -225,6 +226,16 @@ def test_registered():
 # the n-gram drafter's guesses are actually accepted.
 CASES = [("llama", 2, [5, 6, 7, 8, 9] * 4), ("gpt2", 1, [3, 4, 5] * 5)]
 POLICY_OPTIONS = {"chain": {"gamma": 5}}
+BUDGET = 30  # smaller than the default 60 to keep the file fast; trees still branch
+
+
+def _policy_options(name: str) -> dict:
+    """Options for ``name``: the overrides above, plus a smaller budget where there is one."""
+    options = dict(POLICY_OPTIONS.get(name, {}))
+    fields = {f.name for f in dataclasses.fields(specframe.get_registry().get("policies", name).Options)}
+    if "budget" in fields:
+        options.setdefault("budget", BUDGET)
+    return options
 MAX_NEW = 48
 
 
@@ -252,7 +263,7 @@ def test_lossless_with_every_policy(policy, cases):
     accepted = 0
     for arch, model, prompt, ref in cases:
         dec = specframe.SpecDecoder.build(
-            target=model, drafter=("ngram", {}), policy=(policy, POLICY_OPTIONS.get(policy, {})),
+            target=model, drafter=("ngram", {}), policy=(policy, _policy_options(policy)),
         )
         out = dec.generate(torch.tensor(prompt), max_new_tokens=MAX_NEW, eos_token_id=None)
         print(f"ngram x {policy} on {arch}: tau={out.tau:.2f} delta={out.delta:.2f} steps={len(out.steps)}")
