@@ -186,8 +186,6 @@ class EagleDrafter(Drafter):
         if self.kv is not None:
             self.kv = [(k[:, :, : self.cached], v[:, :, : self.cached]) for k, v in self.kv]
         if target_hidden is not None and path is not None:
-            rows = path.to(torch.long)
-            feats = self.head.features(target_hidden)[0][rows.to(target_hidden[-1].device)]
-            self._queue(feats, tokens)
+            self._queue(self.head.features(target_hidden, path.to(torch.long))[0], tokens)
         self.num_committed += len(tokens)
         self._new_step()

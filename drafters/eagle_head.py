@@ -262,17 +262,22 @@ class EagleHead(nn.Module):
             return torch.arange(self.config.vocab_size, device=self.embed_tokens.weight.device)
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
-    def features(self, hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
-        """The head's input features from a transformers ``hidden_states`` tuple ``[B, n, F]``.
+    def features(self, hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor],
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's input features from a transformers ``hidden_states`` tuple: ``[B, n, F]``.
 
         EAGLE-1/2: the target's final-normed last hidden state (the tuple's last element).
         EAGLE-3: inputs of the configured layers (element i of the tuple = input of layer i),
-        concatenated in that order.
+        concatenated in that order. ``rows`` picks sequence positions first (cheaper).
         """
         if self.kind == "eagle":
-            return hidden_states[-1]
-        ids = self.config.aux_layer_ids or default_aux_layer_ids(len(hidden_states) - 1)
-        return torch.cat([hidden_states[i] for i in ids], dim=-1)
+            picked = [hidden_states[-1]]
+        else:
+            ids = self.config.aux_layer_ids or default_aux_layer_ids(len(hidden_states) - 1)
+            picked = [hidden_states[i] for i in ids]
+        if rows is not None:
+            picked = [h[:, rows.to(h.device)] for h in picked]
+        return picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
