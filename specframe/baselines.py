@@ -12,6 +12,7 @@ Every arm is a runner with ``generate(prompt, max_new_tokens, eos, generator) ->
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -160,10 +161,20 @@ class HFGenerateRunner:
 
     greedy = True
 
-    def __init__(self, model: Any, generation: dict, assistant: Any = None) -> None:
+    def __init__(self, model: Any, generation: dict, assistant: Any = None, assistant_generation: dict | None = None) -> None:
         self.model = model
         self.assistant = assistant
         self.generation = {k: v for k, v in generation.items() if v is not None}
+        self._assistant_config = None
+        if assistant is not None:
+            # transformers reads num_assistant_tokens & co. from the ASSISTANT's generation
+            # config. This arm's own copy is swapped in per call (the assistant may be shared
+            # with other arms); it persists across calls, so the heuristic schedule carries
+            # over between prompts exactly as in plain transformers.
+            self._assistant_config = copy.deepcopy(assistant.generation_config)
+            for key, value in (assistant_generation or {}).items():
+                if value is not None:
+                    setattr(self._assistant_config, key, value)
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """Generate with transformers; returns the new tokens and the counted forwards."""
@@ -178,12 +189,25 @@ class HFGenerateRunner:
         )
         streamer = _StepStreamer()
         extra = {"assistant_model": self.assistant} if self.assistant is not None else {}
-        with _quiet_transformers(), _counting_forwards(self.assistant) as drafts:
+        with _quiet_transformers(), _counting_forwards(self.assistant) as drafts, self._assistant_settings():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                       streamer=streamer, **extra)
         tokens = out[0, len(prompt):].tolist()
         accept = streamer.puts[1:]  # the first put is the prompt
         return ArmOutput(tokens, target_forwards=len(accept), draft_forwards=drafts[0], accept_lengths=accept)
+
+
+    @contextlib.contextmanager
+    def _assistant_settings(self):
+        if self.assistant is None:
+            yield
+            return
+        saved = self.assistant.generation_config
+        self.assistant.generation_config = self._assistant_config
+        try:
+            yield
+        finally:
+            self.assistant.generation_config = saved
 
 
 # ---------------------------------------------------------------------- registry
@@ -211,12 +235,12 @@ def _hf_assisted(options: HFAssistedOptions, target: Any, load_model: Callable, 
         raise ValueError(
             "baseline 'hf-assisted' needs an assistant: set baseline_options.assistant or a [drafter] 'model' option"
         )
-    generation = {
+    assistant_generation = {
         "num_assistant_tokens": options.num_assistant_tokens,
         "num_assistant_tokens_schedule": options.num_assistant_tokens_schedule,
         "assistant_confidence_threshold": options.assistant_confidence_threshold,
     }
-    return HFGenerateRunner(target.model, generation, assistant=load_model(source))
+    return HFGenerateRunner(target.model, {}, assistant=load_model(source), assistant_generation=assistant_generation)
 
 
 def _hf_prompt_lookup(options: HFPromptLookupOptions, target: Any, load_model: Callable, default_assistant: Any) -> HFGenerateRunner:

@@ -256,9 +256,8 @@ def _check_model_source(spec: ModelSpec, where: str, aliases: set[str]) -> None:
         if arch not in ARCHITECTURES:
             raise ConfigError(f"{where}: random architecture {arch!r} unknown; valid: {', '.join(ARCHITECTURES)}")
         _check_keys(spec.random, RANDOM_KEYS, f"{where}.random")
-        for key, value in spec.random.items():
-            want = float if key == "init_std" else int
-            _typed(spec.random, key, (want, int) if want is float else want, f"{where}.random")
+        for key in spec.random:
+            _typed(spec.random, key, (float, int) if key == "init_std" else int, f"{where}.random")
         return
     if spec.perturbed_of is not None:
         if spec.perturbed_of not in aliases:
@@ -266,6 +265,8 @@ def _check_model_source(spec: ModelSpec, where: str, aliases: set[str]) -> None:
                 f"{where}: perturbed:{spec.perturbed_of} names no declared model; declared: {', '.join(sorted(aliases))}"
             )
         _check_keys(spec.random, PERTURBED_KEYS, f"{where}.random")
+        _typed(spec.random, "noise", (float, int), f"{where}.random")
+        _typed(spec.random, "seed", int, f"{where}.random")
         return
     if spec.random:
         raise ConfigError(f"{where}: 'random' options apply only to random:<arch> and perturbed:<alias> models")

@@ -272,3 +272,28 @@ def test_sigkill_loses_no_finished_answer(tmp_path):
     outcome = run_experiment(cfg_path, progress=False, on_record=lambda arm, r: again.append((arm, r["question_id"])))
     assert outcome.skipped == 1 and not on_disk & set(again)
     assert len(again) == 2 * N_PROMPTS - 1
+
+
+def test_hf_baselines_are_greedy_and_count_forwards():
+    from specframe.baselines import AutoregressiveRunner, HFGenerateRunner
+    from specframe.target import TargetModel
+    from specframe.testing.models import perturbed_copy, tiny_model
+
+    torch.manual_seed(0)
+    target = tiny_model("llama", seed=0)
+    draft = perturbed_copy(target, 0.05, seed=1)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    ar = AutoregressiveRunner(TargetModel(target)).generate(prompt, MAX_NEW, set())
+    assert ar.target_forwards == MAX_NEW and ar.accept_lengths == [1] * MAX_NEW
+    gamma = 3
+    assisted = HFGenerateRunner(target, {}, assistant=draft, assistant_generation={
+        "num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0}).generate(prompt, MAX_NEW, set())
+    lookup = HFGenerateRunner(target, {"prompt_lookup_num_tokens": 4}).generate(prompt, MAX_NEW, set())
+    for out in (assisted, lookup):
+        assert out.tokens == ar.tokens
+        assert sum(out.accept_lengths) == MAX_NEW and len(out.accept_lengths) == out.target_forwards
+    # The assistant drafts gamma tokens per step (fewer only where max_new_tokens caps it).
+    assert (gamma - 1) * assisted.target_forwards <= assisted.draft_forwards <= gamma * assisted.target_forwards
+    assert draft.generation_config.num_assistant_tokens is None  # the shared model is left untouched
+    assert lookup.draft_forwards == 0
