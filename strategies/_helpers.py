@@ -67,8 +67,15 @@ def _order_by_value_then_token(values: torch.Tensor, tokens: torch.Tensor) -> tu
 def _exact_topk_with_ties(logp: torch.Tensor, kth: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of rows whose k-th value ties with values outside the top-k (lowest ids win)."""
     cand = logp >= kth[:, None]
-    counts = cand.sum(-1)
+    short = torch.isneginf(kth)
+    if bool(short.any()):
+        # Fewer than k finite entries (sparse drafters such as n-gram tables): the row is
+        # filled with its lowest-id -inf entries, all among ids < 2k (fewer than k ids are
+        # finite), so the rest of the vocabulary need not be sorted.
+        low_ids = torch.arange(logp.shape[1], device=logp.device) < 2 * k
+        cand[short] = ~torch.isneginf(logp[short]) | low_ids
     row, col = torch.nonzero(cand, as_tuple=True)  # row-major: columns ascending within a row
+    counts = torch.bincount(row, minlength=len(logp))
     val = logp[row, col]
     order = torch.sort(val, descending=True, stable=True).indices
     order = order[torch.sort(row[order], stable=True).indices]
