@@ -443,9 +443,12 @@ class Experiment:
     def _compute(self, todo: list, questions: list[Question], store: AnswerStore, skipped: int) -> int:
         cfg = self.config
         pending = [a for a in cfg.arms if any(t[2] is a for t in todo)]
+        self._say(f"loading the target and {len(pending)} arm(s) ...")
         with _no_loading_bars():
             encoder, target, runners, eos = self._prepare(pending, questions)
         self._record_greedy(runners)
+        if cfg.warmup:
+            self._say(f"warm-up: {cfg.warmup} untimed generation(s) per arm ...")
         self._warmup(pending, runners, encoder, questions[0], eos)
         computed = 0
         with self._progress(total=skipped + len(todo), completed=skipped) as advance:
@@ -457,6 +460,12 @@ class Experiment:
                 if self.on_record is not None:
                     self.on_record(arm.name, record)
         return computed
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            from rich.console import Console
+
+            (self.console or Console(stderr=True)).print(text, markup=False)
 
     def _record_greedy(self, runners: dict) -> None:
         path = self.out_dir / RUN_FILE
@@ -475,8 +484,8 @@ class Experiment:
         qhash = zlib.crc32(json.dumps(question_id).encode()) if question_id is not None else 0
         seed = (self.config.seed * 1_000_003 + repeat * 10_007 + turn * 101 + qhash) % (1 << 63)
         torch.manual_seed(seed)
-        device = resolve_device(self.config.target.device)
-        return torch.Generator(device=device).manual_seed(seed)
+        # A CPU generator: plugins draw on the generator's device, so draws match CPU and GPU.
+        return torch.Generator().manual_seed(seed)
 
     def _answer(self, arm: ArmConfig, runner: Any, encoder: PromptEncoder, q: Question, repeat: int,
                 eos: set[int], target: Any) -> dict:
