@@ -139,3 +139,56 @@ def test_compare_command_on_arms_of_a_run_dir(tmp_path):
         assert "talon[mu=0.1]" in result.output and "4.000" in result.output
     result = runner.invoke(cli, ["compare", str(tmp_path), "autoregressive", "nope"], env={"COLUMNS": "200"})
     assert result.exit_code != 0 and "no answers for arm 'nope'" in result.output
+
+
+# ---------------------------------------------------------------------- properties
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from specframe.plots import tidy_layout, tree_graph  # noqa: E402
+from specframe.testing.strategies import draft_trees  # noqa: E402
+
+answers = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 2), st.floats(0.01, 10), st.integers(1, 50),
+              st.integers(1, 50), st.integers(0, 200), st.sampled_from("xyz")),
+    min_size=1, max_size=20, unique_by=lambda t: (t[0], t[1]),
+)
+
+
+@given(answers, st.floats(0.1, 10))
+def test_summary_matches_a_slow_reference(rows, slowdown):
+    arm = [rec(q, w, n, steps=min(s, n), repeat=r, drafts=d, category=c) for q, r, w, n, s, d, c in rows]
+    base = [rec(q, w * slowdown, n, repeat=r, category=c) for q, r, w, n, s, d, c in rows]
+    run = {"arms": {"ar": base, "arm": arm}, "baseline": "ar", "greedy": {"ar": True, "arm": True}, "descriptions": {}}
+    summary = {a["name"]: a for a in summarize(run)["arms"]}["arm"]
+    tokens = sum(n for _, _, _, n, _, _, _ in rows)
+    forwards = sum(min(s, n) for _, _, _, n, s, _, _ in rows)
+    o = summary["overall"]
+    assert o["tau"] == pytest.approx(tokens / forwards)
+    assert o["delta"] == pytest.approx(sum(d for _, _, _, _, _, d, _ in rows) / forwards)
+    # Every answer is slower by the same factor in the baseline: every ratio is exactly that.
+    assert o["speedup"] == pytest.approx(slowdown)
+    assert all(x == pytest.approx(slowdown) for x in o["speedup_ci"] or [slowdown])
+    assert sum(c["tokens"] for c in summary["categories"].values()) == tokens
+    assert o["mismatches"] == 0 and o["compared"] == len(rows)
+
+
+@given(draft_trees(max_nodes=40))
+def test_tidy_layout_draws_trees_without_crossings(tree):
+    data = {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "depths": tree.depths.tolist(),
+            "ranks": tree.ranks.tolist(), "accepted": [0]}
+    graph = tree_graph(data)
+    pos = tidy_layout(graph)
+    assert set(pos) == set(range(len(tree)))
+    for node, (x, y) in pos.items():
+        assert y == -data["depths"][node]
+        kids = sorted(pos[k][0] for k in graph.successors(node))
+        if kids:
+            assert kids[0] <= x <= kids[-1]
+    # No crossings: at every depth, the left-to-right order of nodes follows their parents' order.
+    by_depth: dict[int, list[int]] = {}
+    for node in sorted(pos, key=lambda n: pos[n][0]):
+        by_depth.setdefault(data["depths"][node], []).append(node)
+    for nodes in by_depth.values():
+        parent_x = [pos[data["parents"][n]][0] for n in nodes if data["parents"][n] >= 0]
+        assert parent_x == sorted(parent_x)
