@@ -66,8 +66,9 @@ def delta_tau_scatter(run: dict, summary: dict, path: Path) -> Path:
     fig = _figure(6.5, 4.8)
     ax = fig.add_subplot(1, 1, 1)
     top = 1.0
-    cmap = _colors(len(summary["arms"]))
-    for color, arm in zip(cmap, summary["arms"]):
+    colors = arm_colors(summary)
+    for arm in summary["arms"]:
+        color = colors[arm["name"]]
         pts = np.array(step_points(run["arms"][arm["name"]]))
         if not len(pts):
             continue
@@ -89,27 +90,28 @@ def delta_tau_scatter(run: dict, summary: dict, path: Path) -> Path:
 
 
 def shape_distributions(summary: dict, path: Path) -> Path | None:
-    """Per tree arm: depth histogram and mean width at each depth."""
+    """Per tree arm: tree depth and widest-layer distributions (box plots), mean width per depth."""
     arms = [a for a in summary["arms"] if a.get("shapes")]
     if not arms:
         return None
-    fig = _figure(11, 4.2)
-    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    n = len(arms)
-    for i, (color, arm) in enumerate(zip(_colors(n), arms)):
-        hist = np.array(arm["shapes"]["depth_hist"], dtype=float)
-        hist /= hist.sum() or 1
-        x = np.arange(len(hist))
-        left.bar(x + (i - (n - 1) / 2) * 0.8 / n, hist, width=0.8 / n, color=color, label=arm["name"])
+    colors = arm_colors(summary)
+    fig = _figure(max(12.0, 9.0 + 0.8 * len(arms)), 4.4)
+    axes = [fig.add_subplot(1, 3, k + 1) for k in range(3)]
+    for ax, key, label in ((axes[0], "depth_hist", "tree depth"), (axes[1], "max_width_hist", "widest layer (nodes)")):
+        samples = [np.repeat(np.arange(len(a["shapes"][key])), a["shapes"][key]) for a in arms]
+        box = ax.boxplot(samples, patch_artist=True, widths=0.6, showfliers=True)
+        for patch, arm in zip(box["boxes"], arms):
+            patch.set_facecolor(colors[arm["name"]])
+        ax.set_xticks(range(1, len(arms) + 1), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(' (')[0].capitalize()} per step")
+    for arm in arms:
         prof = arm["shapes"]["width_profile"]
-        right.plot(range(len(prof)), prof, marker="o", ms=3, color=color, label=arm["name"])
-    left.set_xlabel("tree depth")
-    left.set_ylabel("share of steps")
-    left.set_title("Depth distribution")
-    right.set_xlabel("depth")
-    right.set_ylabel("mean nodes at depth")
-    right.set_title("Width profile (mean over steps)")
-    right.legend(fontsize=7)
+        axes[2].plot(range(len(prof)), prof, marker="o", ms=3, color=colors[arm["name"]], label=arm["name"])
+    axes[2].set_xlabel("depth")
+    axes[2].set_ylabel("mean nodes at depth")
+    axes[2].set_title("Width profile (mean over steps)")
+    axes[2].legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -128,7 +130,8 @@ def speedup_bars(summary: dict, path: Path) -> Path | None:
             err[:, i] = [max(0.0, values[i] - ci[0]), max(0.0, ci[1] - values[i])]
         elif std:
             err[:, i] = std
-    ax.bar(range(len(arms)), values, yerr=err, capsize=4, color=_colors(len(arms)))
+    colors = arm_colors(summary)
+    ax.bar(range(len(arms)), values, yerr=err, capsize=4, color=[colors[a["name"]] for a in arms])
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("speedup vs autoregressive")
@@ -219,11 +222,13 @@ def tidy_layout(graph: Any) -> dict[int, tuple[float, float]]:
     return pos
 
 
-def _colors(n: int) -> list:
+def arm_colors(summary: dict) -> dict[str, Any]:
+    """One colour per arm, by its position in the run, the same in every figure."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+    names = [a["name"] for a in summary["arms"]]
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
 # ---------------------------------------------------------------------- all
