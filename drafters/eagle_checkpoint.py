@@ -260,6 +260,8 @@ def load_head(path: str | Path, target: Any, kind: str | None = None, allow_pick
     from specframe.assets import resolve_model_path
 
     directory = Path(resolve_model_path(str(path)))
+    if not directory.exists():  # a hub id (resolve_model_path checked it looks like one)
+        directory = _download(str(path), allow_pickle)
     where = f"EAGLE checkpoint {directory}"
     raw = json.loads((directory / CONFIG_NAME).read_text())
     state = read_state(directory, allow_pickle)
@@ -286,6 +288,18 @@ def load_head(path: str | Path, target: Any, kind: str | None = None, allow_pick
         _check_vocab_map(head, where)
     ref = next(hf_model(target).parameters())
     return head.to(device=device or ref.device, dtype=dtype or ref.dtype).eval()
+
+
+def _download(repo_id: str, allow_pickle: bool) -> Path:
+    """Fetch a head from the Hugging Face hub (config + weights only)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = [CONFIG_NAME, "*.safetensors", SAFETENSORS_INDEX] + ([PICKLE_NAME] if allow_pickle else [])
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as err:  # offline, unknown repo, ...: say what was tried
+        raise CheckpointError(f"EAGLE checkpoint {repo_id!r} is not a local directory and could not be "
+                              f"downloaded from the hub: {err}") from err
 
 
 def save_head(head: EagleHead, out_dir: str | Path, dtype: torch.dtype = torch.float16,
