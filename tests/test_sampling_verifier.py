@@ -29,6 +29,15 @@ MODES = ("deterministic", "iid", "without_replacement")
 VOCAB = 8
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, which stall badly on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _hf_warp(logits, temperature, top_k, top_p):
     """transformers' own warpers, in generate()'s order (the reference semantics)."""
     scores = logits.clone()
@@ -80,10 +89,21 @@ def test_fast_takes_the_reference_decisions(tree, mode, seed, sparse):
 @given(tree=draft_trees(max_nodes=16, vocab_size=VOCAB), mode=st.sampled_from(MODES), seed=st.integers(0, 2**31 - 1))
 def test_batched_decisions_equal_one_at_a_time(tree, mode, seed):
     tree, probs, _ = _random_case(tree, mode, seed, sparse=False)
-    u = torch.rand(5, len(tree), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-    last, bonus = sample_accept_batch(tree, probs, u)
+    gen = torch.Generator().manual_seed(seed + 1)
+    u = torch.rand(5, len(tree), generator=gen, dtype=torch.float64)
+    last, bonus = sample_accept_batch(tree, probs, u)  # one tree, five draws
     for s in range(5):
         ref = sample_accept_reference(tree, probs, u[s])
+        assert (int(last[s]), int(bonus[s])) == (ref.accepted_path.tolist()[-1], ref.bonus_token)
+    # Five different trees of one topology: relabelled tokens, own target and draft rows.
+    tokens = torch.stack([torch.randperm(VOCAB, generator=gen)[tree.tokens] for _ in range(5)])
+    many_probs = torch.softmax(torch.randn(5, len(tree), VOCAB, generator=gen, dtype=torch.float64), dim=-1)
+    many_q = torch.softmax(torch.randn(5, len(tree), VOCAB, generator=gen, dtype=torch.float64), dim=-1)
+    q_arg = None if mode == "deterministic" else many_q
+    last, bonus = sample_accept_batch(tree, many_probs, u, tokens=tokens, draft_probs=q_arg)
+    for s in range(5):
+        one = dataclasses.replace(tree, tokens=tokens[s], draft_probs=q_arg if q_arg is None else many_q[s])
+        ref = sample_accept_reference(one, many_probs[s], u[s])
         assert (int(last[s]), int(bonus[s])) == (ref.accepted_path.tolist()[-1], ref.bonus_token)
 
 

@@ -15,13 +15,14 @@ with residual R, the i-th child c_i was proposed from a distribution q_i and is 
   c_i (R(c_i) <= 1) -- exactly the top-k / gated rule of the table.
 
 Randomness is drawn up front as ``len(tree)`` uniforms: ``u[i]`` (i >= 1) is node i's
-acceptance draw and ``u[0]`` (the root needs no test) picks the bonus token by inverse CDF. Each node is tested at most once,
-so the draws are independent where they are used, and the fast and reference verifiers can be
-fed the same numbers and must then take the same decisions.
+acceptance draw and ``u[0]`` (the root needs no test) picks the bonus token by inverse CDF.
+Each node is tested at most once, so the draws are independent where they are used, and the
+fast and reference verifiers can be fed the same numbers and must then take the same decisions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -169,34 +170,48 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) 
     return Verdict(accepted_path=path, bonus_token=int(bonus[0]))
 
 
-def sample_accept_batch(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decide S independent verifications of one tree at once (``uniforms`` [S, n]).
+def sample_accept_batch(
+    tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor,
+    tokens: torch.Tensor | None = None, draft_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decide S independent verifications at once; ``uniforms`` is ``[S, n]``.
 
-    Returns ``(last, bonus)``, each ``[S]``: the deepest accepted node and the bonus token. The
-    engine uses S = 1; larger S gives Monte-Carlo acceptance estimates of a fixed tree (and the
-    distribution tests) without a Python loop per draw.
+    The S trees share ``tree``'s topology (parents) and drafting mode; by default they are all
+    ``tree`` itself, or each has its own ``tokens`` [S, n], target ``probs`` [S, n, V] (else
+    [n, V], shared) and ``draft_probs`` [S, n, V]. Returns ``(last, bonus)``, each ``[S]``: the
+    deepest accepted node and the bonus token. The engine uses S = 1; larger S gives Monte-Carlo
+    acceptance estimates (and the distribution tests) without a Python loop per draw.
 
     A node's decision (which child it accepts, or its final residual) depends only on its own
     target row, draft row, children and their draws -- never on how the walk reached it, since
     R restarts from the fresh target distribution at every accepted node. So every node is
     decided at once; the walk then follows accepted-child pointers from the root.
     """
-    probs = probs.to(torch.float64)
-    uniforms = uniforms.to(probs.device, torch.float64)
-    q = proposals(tree, probs.shape[1])
-    parents, tokens = tree.parents.to(probs.device), tree.tokens.to(probs.device)
+    samples, n = uniforms.shape
+    vocab = probs.shape[-1]
+    probs = probs.to(torch.float64).expand(samples, n, vocab)
+    device = probs.device
+    uniforms = uniforms.to(device, torch.float64)
+    tokens = (tree.tokens if tokens is None else tokens).to(device).expand(samples, n)
+    # Per-draw draft rows get the same checks as a single tree's (mode known, shape [n, V]).
+    q = proposals(tree if draft_probs is None else dataclasses.replace(tree, draft_probs=draft_probs[0]), vocab)
+    if q is not None and draft_probs is not None:
+        q = draft_probs.to(torch.float64)
+    parents = tree.parents.to(device)
     if q is None:
         accepted_child = _decide_deterministic(parents, tokens, probs, uniforms)
     else:
-        accepted_child, residual = _decide_sampled(parents, tokens, probs, q.to(probs.device), uniforms, tree.drafting)
+        q = q.to(device).expand(samples, n, vocab)
+        accepted_child, residual = _decide_sampled(parents, tokens, probs, q, uniforms, tree.drafting)
     last = _deepest_accepted(tree, parents, accepted_child)
+    draw = torch.arange(samples, device=device)
     if q is None:
         # Every child of the last node was rejected: R = its target row with those tokens zeroed.
-        is_child = torch.zeros_like(probs, dtype=torch.bool)
-        is_child[parents[1:], tokens[1:]] = True
-        final = _renormalise(probs[last].masked_fill(is_child[last], 0.0), probs[last])
+        is_child = torch.zeros(samples, n, vocab, dtype=torch.bool, device=device)
+        is_child[draw[:, None], parents[None, 1:], tokens[:, 1:]] = True
+        final = _renormalise(probs[draw, last].masked_fill(is_child[draw, last], 0.0), probs[draw, last])
     else:
-        final = residual[torch.arange(len(last), device=probs.device), last]
+        final = residual[draw, last]
     return last, inverse_cdf(final, uniforms[:, 0])
 
 
@@ -223,14 +238,14 @@ def _decide_deterministic(parents: torch.Tensor, tokens: torch.Tensor, probs: to
     if n == 1:
         return torch.full((samples, 1), -1, dtype=torch.long, device=probs.device)
     child_parents = parents[1:]
-    mass = probs[child_parents, tokens[1:]]
+    mass = probs[:, child_parents].gather(2, tokens[:, 1:, None])[..., 0]  # [S, n-1]: P_parent(child)
     order = torch.argsort(child_parents, stable=True)  # sibling groups, tree order inside
-    grouped_parents, grouped_mass = child_parents[order], mass[order]
-    inclusive = grouped_mass.cumsum(dim=0)
+    grouped_parents, grouped_mass = child_parents[order], mass[:, order]
+    inclusive = grouped_mass.cumsum(dim=1)
     group_start = torch.searchsorted(grouped_parents, grouped_parents)
-    before_group = torch.where(group_start > 0, inclusive[(group_start - 1).clamp(min=0)], torch.zeros_like(inclusive))
+    before_group = torch.where(group_start > 0, inclusive[:, (group_start - 1).clamp(min=0)], 0.0)
     before = torch.empty_like(mass)
-    before[order] = inclusive - grouped_mass - before_group
+    before[:, order] = inclusive - grouped_mass - before_group
     accept = uniforms[:, 1:] * (1.0 - before) < mass
     node_ids = torch.arange(1, n, device=probs.device).expand(samples, n - 1)
     first = torch.full((samples, n), n, dtype=torch.long, device=probs.device)
@@ -249,18 +264,19 @@ def _decide_sampled(
     widest node's child count), vectorised over draws, nodes and the vocabulary.
     """
     samples, n = uniforms.shape
-    residual = probs.expand(samples, -1, -1).clone()
+    draw = torch.arange(samples, device=probs.device)[:, None]
+    residual = probs.clone()
     # i.i.d. proposals never change; without replacement each draw zeroes its own copy.
-    proposal = q.expand(samples, -1, -1).clone() if mode == "without_replacement" else q.expand(samples, -1, -1)
+    proposal = q.clone() if mode == "without_replacement" else q
     accepted_child = torch.full((samples, n), -1, dtype=torch.long, device=probs.device)
     ranks = sibling_ranks(parents)
     for j in range(int(ranks.max()) + 1):
         kids = torch.nonzero(ranks == j).flatten()
-        par, tok = parents[kids], tokens[kids]  # each parent has at most one child of rank j
+        par, tok = parents[kids], tokens[:, kids]  # each parent has at most one child of rank j
         live = accepted_child[:, par] < 0  # [S, m]: parents still testing children
         if not bool(live.any()):
             break  # a parent with a (j+1)-th child has a j-th one, so none are left
-        accept = live & (uniforms[:, kids] * proposal[:, par, tok] < residual[:, par, tok])
+        accept = live & (uniforms[:, kids] * proposal[draw, par, tok] < residual[draw, par, tok])
         accepted_child[:, par] = torch.where(accept, kids, accepted_child[:, par])
         reject = (live & ~accept)[..., None]
         old = residual[:, par]
@@ -268,7 +284,7 @@ def _decide_sampled(
         if mode == "without_replacement":
             old_q = proposal[:, par]
             zeroed = old_q.clone()
-            zeroed[:, torch.arange(len(par), device=probs.device), tok] = 0.0
+            zeroed[draw, torch.arange(len(par), device=probs.device)[None, :], tok] = 0.0
             proposal[:, par] = torch.where(reject, _renormalise(zeroed, old_q), old_q)
     return accepted_child, residual
 
