@@ -99,8 +99,9 @@ class ChainPolicy(TreePolicy):
         if not self.options.sample:
             return tree
         # Row u = the q node u's child was drawn from; the last node was never expanded.
-        rows = drawn_from + [torch.zeros(session.vocab_size, dtype=torch.float64, device=tree.device)]
-        return replace(tree, draft_probs=torch.stack(rows).to(tree.device), drafting="iid")
+        rows = [q.to(tree.device) for q in drawn_from]
+        rows.append(torch.zeros(session.vocab_size, dtype=torch.float64, device=tree.device))
+        return replace(tree, draft_probs=torch.stack(rows), drafting="iid")
 
     def observe(self, step: StepStats) -> None:
         """Heuristic schedule: grow after a fully accepted draft, shrink otherwise."""
