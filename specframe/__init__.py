@@ -2,20 +2,47 @@
 
 Draft trees are built by a TreePolicy driving a Drafter and checked by a Verifier in one target
 forward with tree attention. Policies, drafters and verifiers are pluggy plugins.
+
+The public names below load on first access (PEP 562), so ``import specframe`` -- and the
+pytest plugin ``specframe.testing.pytest_plugin``, which every pytest run of an environment with
+specframe installed imports -- stays cheap and never imports torch by itself.
 """
 
-from .engine import EngineError, GenerationOutput, SpecDecoder
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verdict, Verifier
-from .options import OptionError
-from .plugins import PluginError, available, get_registry, hookimpl, register_plugin
-from .target import TargetModel, UnsupportedModelError, load_causal_lm
-from .tree import DraftTree, InvalidTreeError
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DraftSession", "DraftTree", "Drafter", "EngineError", "GenerationOutput", "InvalidTreeError",
-    "OptionError", "PluginError", "SpecDecoder", "StepStats", "TargetModel", "TreePolicy",
-    "UnsupportedModelError", "Verdict", "Verifier", "available", "get_registry", "hookimpl",
-    "load_causal_lm", "register_plugin",
-]
+#: public name -> submodule defining it
+_EXPORTS = {
+    "EngineError": "engine", "GenerationOutput": "engine", "SpecDecoder": "engine",
+    "DraftSession": "interfaces", "Drafter": "interfaces", "StepStats": "interfaces",
+    "TreePolicy": "interfaces", "Verdict": "interfaces", "Verifier": "interfaces",
+    "OptionError": "options",
+    "PluginError": "plugins", "available": "plugins", "get_registry": "plugins", "hookimpl": "plugins",
+    "register_plugin": "plugins",
+    "TargetModel": "target", "UnsupportedModelError": "target", "load_causal_lm": "target",
+    "DraftTree": "tree", "InvalidTreeError": "tree",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule defining ``name`` on first access (also ``specframe.<submodule>``)."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import os
 
+#: Examples per property of each profile (the conformance suite sizes itself from this too).
+PROFILE_EXAMPLES = {"default": 10, "ci": 30, "thorough": 200}
+
+
+def profile_examples(profile: str | None = None) -> int:
+    """Examples per property of ``profile`` (default: ``$HYPOTHESIS_PROFILE``, else ``default``)."""
+    name = profile or os.environ.get("HYPOTHESIS_PROFILE", "default")
+    return PROFILE_EXAMPLES.get(name, PROFILE_EXAMPLES["default"])
+
 
 def register_profiles() -> None:
     """Register and load the specframe profiles (model-based examples are slow, so few)."""
     from hypothesis import HealthCheck, settings
 
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("default", max_examples=10, **common)
-    settings.register_profile("ci", max_examples=30, **common)
-    settings.register_profile("thorough", max_examples=200, **common)
+    for name, examples in PROFILE_EXAMPLES.items():
+        settings.register_profile(name, max_examples=examples, **common)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

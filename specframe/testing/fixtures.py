@@ -1,0 +1,146 @@
+"""Tiny random targets and drafters for the conformance suite and for plugin authors' own tests.
+
+Importing this module is cheap (torch and transformers load inside the functions), because the
+pytest plugin ``specframe.testing.pytest_plugin`` re-exports its fixtures at pytest start-up.
+
+* :func:`tiny_target` / :func:`close_draft`: a cached float64 Llama (vocab 64, hidden 32,
+  2 layers) and a perturbed copy of it that agrees with it often.
+* :func:`default_drafter`: builds a drafter under test from its plugin spec; the built-in
+  drafters that need construction arguments (``model``, ``eagle``, ``eagle3``) get tiny ones.
+* :data:`BUILTIN_SETTINGS`: the conformance class attributes of specframe's own plugins.
+* pytest fixtures ``specframe_tiny_target``, ``specframe_target_model``, ``specframe_close_draft``
+  and ``specframe_synthetic_drafter``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Callable
+
+import pytest
+
+#: Vocabulary of the tiny models (small, so draft trees overlap the target's argmax often).
+VOCAB = 64
+#: Seed of the tiny target used by the suite.
+TARGET_SEED = 3
+
+
+@lru_cache(maxsize=None)
+def tiny_target(seed: int = TARGET_SEED, vocab_size: int = VOCAB, layers: int = 2, arch: str = "llama") -> Any:
+    """A cached tiny random transformers causal LM in float64 (exact greedy equality holds)."""
+    import torch
+
+    from .models import tiny_model
+
+    return tiny_model(arch, seed=seed, vocab_size=vocab_size, hidden=32, layers=layers, dtype=torch.float64)
+
+
+@lru_cache(maxsize=None)
+def _perturbed(model_id: int, noise: float, seed: int) -> Any:
+    from .models import perturbed_copy
+
+    return perturbed_copy(_MODELS[model_id], noise, seed=seed)
+
+
+_MODELS: dict[int, Any] = {}
+
+
+def close_draft(target: Any, noise: float = 0.05, seed: int = 1) -> Any:
+    """A cached perturbed copy of the transformers model ``target``: a draft that agrees often."""
+    _MODELS[id(target)] = target  # keep it alive so its id stays unique while cached
+    return _perturbed(id(target), float(noise), int(seed))
+
+
+# ---------------------------------------------------------------------- built-in drafters
+def _model_drafter(target: Any) -> Any:
+    from specframe.engine import make_plugin
+
+    return make_plugin("drafters", ("model", {"model": close_draft(target.model)}), target)
+
+
+@lru_cache(maxsize=None)
+def _eagle_head(model_id: int, kind: str) -> Any:
+    from specframe.drafters.eagle_checkpoint import random_head
+
+    # EAGLE-3 with a reduced draft vocabulary: rows are -inf outside it (policies must cope).
+    extra = {"draft_vocab_size": 40} if kind == "eagle3" else {}
+    return random_head(_MODELS[model_id], kind, seed=1, **extra)
+
+
+def _eagle_drafter(kind: str) -> Callable[[Any], Any]:
+    def build(target: Any) -> Any:
+        from specframe.engine import make_plugin
+
+        _MODELS[id(target.model)] = target.model
+        return make_plugin("drafters", (kind, {"head": _eagle_head(id(target.model), kind)}), target)
+
+    return build
+
+
+#: Factories of built-in drafters that cannot be built from default options, keyed by the
+#: registered class's ``module:qualname`` (only the built-in class itself gets them).
+BUILTIN_DRAFTER_FACTORIES: dict[str, Callable[[Any], Any]] = {
+    "specframe.drafters.model:ModelDrafter": _model_drafter,
+    "specframe.drafters.eagle:EagleDrafter": _eagle_drafter("eagle"),
+    "specframe.drafters.eagle3:Eagle3Drafter": _eagle_drafter("eagle3"),
+}
+
+#: Conformance class attributes of specframe's own plugins, by (kind, name): the built-in
+#: policies that pick children by rank must record every node's true rank.
+BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
+    ("policies", name): {"strict_ranks": True}
+    for name in ("chain", "talon", "eagle", "static", "opt-tree", "sequoia")
+} | {
+    # Greedy decoding is the sampling verifier with only the argmax left after warping.
+    ("verifiers", "sampling"): {"greedy_plugin": ("sampling", {"top_k": 1})},
+}
+
+
+def class_key(cls: type) -> str:
+    """``module:qualname`` of a plugin class (how the tables above name classes)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def default_drafter(spec: Any, target: Any) -> Any:
+    """The drafter under test for ``spec`` (name or ``(name, options)``) on ``target`` (TargetModel).
+
+    A built-in drafter that needs construction arguments gets tiny ones when ``spec`` is a bare
+    name; anything else is built from its options like the engine does.
+    """
+    from specframe.engine import make_plugin
+    from specframe.plugins import get_registry
+
+    if isinstance(spec, str):
+        factory = BUILTIN_DRAFTER_FACTORIES.get(class_key(get_registry().get("drafters", spec)))
+        if factory is not None:
+            return factory(target)
+    return make_plugin("drafters", spec, target)
+
+
+# ---------------------------------------------------------------------- pytest fixtures
+@pytest.fixture(scope="session")
+def specframe_tiny_target() -> Any:
+    """A tiny random float64 Llama (transformers model; vocab 64, hidden 32, 2 layers)."""
+    return tiny_target()
+
+
+@pytest.fixture
+def specframe_target_model(specframe_tiny_target: Any) -> Any:
+    """A fresh :class:`~specframe.target.TargetModel` over the tiny target (own KV cache)."""
+    from specframe.target import TargetModel
+
+    return TargetModel(specframe_tiny_target)
+
+
+@pytest.fixture(scope="session")
+def specframe_close_draft(specframe_tiny_target: Any) -> Any:
+    """A perturbed copy of the tiny target: pass it as the ``model`` drafter's ``model``."""
+    return close_draft(specframe_tiny_target)
+
+
+@pytest.fixture
+def specframe_synthetic_drafter() -> Any:
+    """A model-free :class:`~specframe.testing.synthetic.SyntheticDrafter` (V = 64, seed 0)."""
+    from .synthetic import SyntheticDrafter
+
+    return SyntheticDrafter(VOCAB, temperature=0.5, seed=0)

@@ -1,0 +1,62 @@
+"""The pytest plugin is registered through ``pytest11``, stays cheap to import, and its option works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+HEAVY = ("torch", "transformers", "hypothesis", "numpy", "matplotlib")
+
+
+def test_registered_as_a_pytest11_entry_point():
+    eps = [ep for ep in metadata.entry_points(group="pytest11") if ep.value == "specframe.testing.pytest_plugin"]
+    assert eps, "pyproject.toml must declare [project.entry-points.pytest11] specframe = ...; re-run pip install -e ."
+    assert eps[0].name == "specframe"
+
+
+def test_importing_the_plugin_imports_nothing_heavy():
+    code = textwrap.dedent(f"""
+        import sys
+        import specframe.testing.pytest_plugin
+        print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"the pytest plugin imported heavy modules: {out.stdout}"
+
+
+def test_the_check_can_fail():
+    """Guards the test above: the same probe sees torch once the suite itself is imported."""
+    code = "import sys, specframe.testing.conformance; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_examples_option_and_header(pytester):
+    pytester.makepyfile(test_probe='''
+        import os
+
+        def test_env():
+            assert os.environ["SPECFRAME_CONFORMANCE_EXAMPLES"] == "7"
+    ''')
+    result = pytester.runpytest_subprocess("--conformance-examples", "7", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["specframe conformance: 7 examples per property (2 for model-based ones)"])
+
+
+@pytest.mark.parametrize("marker", ["conformance", "statistical"])
+def test_markers_are_registered(pytester, marker):
+    pytester.makepyfile(test_marked=f'''
+        import pytest
+
+        @pytest.mark.{marker}
+        def test_marked():
+            pass
+    ''')
+    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
