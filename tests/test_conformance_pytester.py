@@ -1,6 +1,6 @@
 """The conformance suite catches broken plugins, and says which property they break.
 
-Each test writes a throw-away plugin and a conformance test module, runs pytest on it in a child
+Each test writes throw-away plugins (two policies, a drafter, two verifiers) and a conformance test module, runs pytest on it in a child
 process (pytester) and asserts which suite tests fail, pass or are reported as declared
 deviations.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 import specframe
-from specframe.interfaces import TreePolicy, Verdict, Verifier
+from specframe.interfaces import Drafter, TreePolicy, Verdict, Verifier
 
 
 @dataclass
@@ -104,6 +104,23 @@ class IgnoresTemperatureVerifier(Verifier):
             path.append(int(kids[0]))
 
 
+class LeakyDrafter(Drafter):
+    """Ignores tree attention: every node's row depends on the whole tree (here its size),
+    not only on the node's own path, as if the mask let siblings see each other."""
+
+    name = "broken-leaky"
+
+    def expand(self, tree, nodes):
+        gen = torch.Generator().manual_seed(len(tree))
+        row = torch.log_softmax(torch.randn(self.vocab_size, generator=gen, dtype=torch.float64), dim=-1)
+        return row.expand(len(nodes), -1).clone()
+
+
+@specframe.hookimpl
+def register_drafters(register):
+    register(LeakyDrafter)
+
+
 @specframe.hookimpl
 def register_tree_policies(register):
     register(OverBudgetPolicy)
@@ -121,7 +138,7 @@ specframe.register_plugin(__import__(__name__), dist="broken-plugins")
 
 SUITE = '''
 import broken_plugins  # noqa: F401  (registers the broken plugins)
-from specframe.testing.conformance import TreePolicyConformance, VerifierConformance
+from specframe.testing.conformance import DrafterConformance, TreePolicyConformance, VerifierConformance
 
 
 class TestOverBudget(TreePolicyConformance):
@@ -130,6 +147,10 @@ class TestOverBudget(TreePolicyConformance):
 
 class TestTieUnsafe(TreePolicyConformance):
     plugin = "broken-tie-unsafe"
+
+
+class TestLeaky(DrafterConformance):
+    plugin = "broken-leaky"
 
 
 class TestFirstChild(VerifierConformance):
@@ -189,6 +210,12 @@ def test_broken_plugins_fail_the_properties_they_break(run_suite):
         # ... but with a real draft model (no exact ties) it works, losslessly.
         "TestTieUnsafe::test_greedy_output_equals_generate": "PASSED",
         "TestTieUnsafe::test_close_draft_is_accepted": "PASSED",
+        # A drafter without tree attention: only the honesty property can tell (verification
+        # keeps the output lossless whatever the drafter proposes).
+        "TestLeaky::test_tree_attention_is_honest": "FAILED",
+        "TestLeaky::test_expand_rows_are_log_distributions": "PASSED",
+        "TestLeaky::test_greedy_output_equals_generate": "PASSED",
+        "TestLeaky::test_begin_forgets_earlier_generations": "PASSED",
         # A verifier that ignores the target.
         "TestFirstChild::test_verdict_is_a_root_path": "FAILED",
         "TestFirstChild::test_emitted_distribution_matches_the_target": "FAILED",
@@ -203,6 +230,7 @@ def test_broken_plugins_fail_the_properties_they_break(run_suite):
     # The failures say what is wrong.
     assert "over the budget of" in text
     assert "not ancestor-closed" in text
+    assert "the tree row differs from expanding the path as a chain" in text
     assert "is impossible under the target" in text
     assert "emitted tokens are not distributed as the target" in text and "chi-square p=" in text
     assert "declared deviation: samples at every setting" in text
