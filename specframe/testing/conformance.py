@@ -45,9 +45,14 @@ from specframe.target import TargetModel
 from specframe.tree import DRAFTING_MODES, DraftTree
 
 from . import fixtures as fx
+from .distribution import TreeSampler, chi_square_pvalue, emitted_distribution, hf_warped_probs
+from .harness import (
+    begin_generation, check_against_drafter, check_draft_records, check_output, greedy_reference, greedy_walk,
+    grow_tree, sparse_drafter,
+)
 from .profiles import profile_examples
 from .strategies import draft_trees, prompts
-from .synthetic import SyntheticDrafter, make_session, paths_of, synthetic_drafters
+from .synthetic import SyntheticDrafter, make_session, synthetic_drafters
 
 __all__ = [
     "DrafterConformance", "TreePolicyConformance", "VerifierConformance", "conformance_classes",
@@ -129,75 +134,6 @@ class _Conformance:
         reason = self.expected_failures.get(getattr(request.node, "originalname", request.node.name))
         if reason:
             request.applymarker(pytest.mark.xfail(reason=f"declared deviation: {reason}", strict=True))
-
-
-# ---------------------------------------------------------------------- helpers
-def _greedy_reference(model: Any, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
-    """``model.generate(do_sample=False)``: the tokens every greedy combination must reproduce.
-
-    Without EOS, ``min_new_tokens`` keeps transformers from stopping at the config's EOS id.
-    """
-    ids = torch.tensor([prompt])
-    stop = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else dict(min_new_tokens=max_new_tokens)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, **stop)
-    return out[0, len(prompt):].tolist()
-
-
-def _check_output(out: Any, expected: list[int], max_new: int, eos: int | None, label: str) -> None:
-    """A generation equals greedy decoding and honours max_new_tokens / EOS exactly."""
-    assert out.tokens == expected, f"{label}: speculative output differs from model.generate(do_sample=False)"
-    assert len(out.tokens) <= max_new
-    assert sum(s.emitted for s in out.steps) == len(out.tokens), f"{label}: step records miss tokens"
-    if eos is not None:
-        assert out.stopped_at_eos == (eos in out.tokens), f"{label}: EOS {eos} not honoured"
-
-
-def check_against_drafter(tree: DraftTree, drafter: SyntheticDrafter, strict_ranks: bool = False) -> None:
-    """Every drafted node is a real, finite child of its parent with the right score and rank."""
-    paths = paths_of(tree, range(len(tree)))
-    logp = tree.logp.double()
-    for i in range(1, len(tree)):
-        parent, token = int(tree.parents[i]), int(tree.tokens[i])
-        row = drafter.row(paths[parent]).double()
-        value = float(row[token])
-        assert math.isfinite(value), f"node {i} (token {token}) has a -inf draft log-prob: an impossible node"
-        assert abs(float(logp[i]) - (float(logp[parent]) + value)) <= 1e-4 * (1 + abs(float(logp[i]))), (
-            f"node {i}: cumulative log-prob {float(logp[i])} != parent {float(logp[parent])} + {value}"
-        )
-        # Rank among the parent's candidates: higher log-prob first, lower token id on ties
-        # (-1 is the tree's "unknown", e.g. for sampled children).
-        rank = int((row > value).sum()) + int((row[:token] == value).sum())
-        allowed = (rank,) if strict_ranks else (rank, -1)
-        assert int(tree.ranks[i]) in allowed, f"node {i}: rank {int(tree.ranks[i])}, expected {rank}"
-
-
-def check_draft_records(tree: DraftTree, vocab_size: int) -> None:
-    """A tree of sampled children says how they were drawn and carries the distributions."""
-    assert tree.drafting in DRAFTING_MODES, f"tree.drafting {tree.drafting!r} is not one of {DRAFTING_MODES}"
-    if tree.drafting == "deterministic":
-        return
-    q = tree.draft_probs
-    assert q is not None, f"tree.drafting is {tree.drafting!r} but tree.draft_probs is None"
-    assert tuple(q.shape) == (len(tree), vocab_size), f"draft_probs shape {tuple(q.shape)}"
-    expanded = torch.unique(tree.parents[1:])
-    sums = q[expanded].double().sum(dim=-1)
-    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-6), "a draft_probs row of an expanded node does not sum to 1"
-    assert bool((q[tree.parents[1:], tree.tokens[1:]] > 0).all()), "a sampled child has draft probability 0"
-
-
-def _sparse_drafter(vocab: int, finite: int, seed: int) -> SyntheticDrafter:
-    """Rows with only ``finite`` finite entries (the rest -inf), like n-gram or reduced-vocab drafters."""
-    base = SyntheticDrafter(vocab, temperature=0.5, seed=seed, dtype=torch.float64)
-
-    def row(path: tuple[int, ...]) -> torch.Tensor:
-        logits = base.row(path)
-        keep = torch.topk(logits, min(finite, vocab)).indices
-        out = torch.full_like(logits, -math.inf)
-        out[keep] = logits[keep]
-        return out
-
-    return SyntheticDrafter(vocab, row, seed=seed)
 
 
 # ====================================================================== tree policies
@@ -286,7 +222,7 @@ class TreePolicyConformance(_Conformance):
         """Rows with 1-4 finite entries (n-gram tables, reduced draft vocabularies): no node may
         carry a -inf draft log-prob, however wide the policy wants to grow."""
         budget = min(budget, self.max_budget)
-        drafter = _sparse_drafter(vocab, finite, seed)
+        drafter = sparse_drafter(vocab, finite, seed)
         tree, _, policy = self.build(drafter, budget)
         tree.check_valid(min(budget, policy.budget))
         check_against_drafter(tree, drafter, self.strict_ranks)
@@ -302,7 +238,7 @@ class TreePolicyConformance(_Conformance):
         dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
                                 policy=self.make_policy(), verifier="greedy", fast=fast)
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
-        _check_output(out, _greedy_reference(target, prompt, max_new, eos), max_new, eos, f"fast={fast}")
+        check_output(out, greedy_reference(target, prompt, max_new, eos), max_new, eos, f"fast={fast}")
 
     def test_close_draft_is_accepted(self):
         """Guards the lossless property against vacuity: with a close draft model, drafted
@@ -312,54 +248,11 @@ class TreePolicyConformance(_Conformance):
                                 policy=self.make_policy(), verifier="greedy")
         prompt = [5, 17, 9, 33, 2, 40]
         out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None, seed=0)
-        assert out.tokens == _greedy_reference(target, prompt, 16, None)
+        assert out.tokens == greedy_reference(target, prompt, 16, None)
         assert out.tau > 1.0, f"the close draft was never accepted (tau={out.tau:.2f})"
 
 
 # ====================================================================== drafters
-def _begin(drafter: Drafter, target: TargetModel, committed: list[int]) -> None:
-    """Start a generation as the engine does (prefill the target when the drafter needs features)."""
-    prompt = torch.tensor(committed, dtype=torch.long)
-    needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
-    target.reset()
-    hidden = None
-    if len(committed) > 1:  # the root enters the target's cache with the first tree
-        prefill = target.causal_forward(prompt[:-1].to(target.device), needs_hidden)
-        hidden = prefill.hidden_states if needs_hidden else None
-    drafter.begin(prompt, target_hidden=hidden)
-
-
-def _greedy_walk(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Literal greedy verification: accepted node path (root first) and the bonus token."""
-    argmax = logits.argmax(dim=-1).tolist()
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    path = [0]
-    while True:
-        nxt = [i for i in range(len(tokens)) if parents[i] == path[-1] and tokens[i] == argmax[path[-1]]]
-        if not nxt:
-            return path, argmax[path[-1]]
-        path.append(nxt[0])
-
-
-def _grow(session: DraftSession, widths: list[int]) -> tuple[DraftTree, dict[int, torch.Tensor]]:
-    """A tree of one expanded layer per entry of ``widths`` (top-w finite children per node)."""
-    tree, frontier, rows = session.new_tree(), [0], {}
-    for width in widths:
-        logp = session.expand(tree, frontier)
-        rows.update({node: logp[j] for j, node in enumerate(frontier)})
-        top = torch.topk(logp.double(), min(width, logp.shape[-1]), dim=-1)
-        keep = torch.isfinite(top.values)
-        if not bool(keep.any()):
-            break
-        flat = keep.flatten()
-        parents = torch.tensor(frontier).repeat_interleave(top.values.shape[1])[flat]
-        start = len(tree)
-        logp_nodes = tree.logp[parents].double() + top.values.flatten()[flat]
-        tree = tree.add_nodes(parents, top.indices.flatten()[flat], logp_nodes)
-        frontier = list(range(start, len(tree)))
-    return tree, rows
-
-
 #: Layer widths of the honesty trees: the root always branches and a second layer is expanded,
 #: so siblings exist when the drafter runs (a chain cannot show a leak between branches).
 _BRANCHING_WIDTHS = st.builds(lambda first, rest: [first, *rest], st.integers(2, 3),
@@ -393,8 +286,8 @@ class DrafterConformance(_Conformance):
         drafter = self.make_drafter(target)
         assert drafter.vocab_size == target.vocab_size, f"vocab_size {drafter.vocab_size} != target's {target.vocab_size}"
         for committed in ([7], [4, 9, 12, 30, 2, 17, 9, 12]):
-            _begin(drafter, target, committed)
-            tree, rows = _grow(DraftSession(drafter, committed[-1], target.device), [3, 2])
+            begin_generation(drafter, target, committed)
+            tree, rows = grow_tree(DraftSession(drafter, committed[-1], target.device), [3, 2])
             assert rows, "expand returned nothing"
             logp = torch.stack(list(rows.values())).double()
             assert logp.shape == (len(rows), target.vocab_size), f"expand rows have shape {tuple(logp.shape)}"
@@ -406,7 +299,7 @@ class DrafterConformance(_Conformance):
     def _chain_row(self, target: TargetModel, committed: list[int], path: list[int]) -> torch.Tensor:
         """Reference: a fresh drafter expands ``path`` as a chain, one node per expand."""
         drafter = self.make_drafter(target)
-        _begin(drafter, target, committed)
+        begin_generation(drafter, target, committed)
         session = DraftSession(drafter, committed[-1], target.device)
         tree, node = session.new_tree(), 0
         for token in path:
@@ -427,9 +320,9 @@ class DrafterConformance(_Conformance):
         target, reference = TargetModel(model), TargetModel(model)
         drafter = self.make_drafter(target)
         committed = list(prompt)
-        _begin(drafter, target, committed)
+        begin_generation(drafter, target, committed)
         for step in range(steps):
-            tree, rows = _grow(DraftSession(drafter, committed[-1], target.device), widths)
+            tree, rows = grow_tree(DraftSession(drafter, committed[-1], target.device), widths)
             for node, row in rows.items():
                 path = [int(tree.tokens[i]) for i in tree.path_to(node)[1:]]
                 want = self._chain_row(reference, committed, path)
@@ -444,7 +337,7 @@ class DrafterConformance(_Conformance):
                 )
             out = target.tree_forward(tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
                                       output_hidden_states=getattr(drafter, "needs_target_hidden", False))
-            path, bonus = _greedy_walk(tree, out.logits[0])
+            path, bonus = greedy_walk(tree, out.logits[0])
             emitted = tree.tokens[path[1:]].tolist() + [bonus]
             target.keep(len(committed) - 1, torch.tensor(path))
             hidden = out.hidden_states if getattr(drafter, "needs_target_hidden", False) else None
@@ -461,7 +354,7 @@ class DrafterConformance(_Conformance):
         target = self._target()
         dec = SpecDecoder.build(target=target, drafter=self.make_drafter(target), policy=policy, verifier="greedy")
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
-        _check_output(out, _greedy_reference(target.model, prompt, max_new, eos), max_new, eos, f"policy {policy}")
+        check_output(out, greedy_reference(target.model, prompt, max_new, eos), max_new, eos, f"policy {policy}")
 
     def test_begin_forgets_earlier_generations(self):
         """Generating A, then B, then A again on one decoder repeats A exactly (tokens and tree
@@ -483,79 +376,10 @@ class DrafterConformance(_Conformance):
 
 
 # ====================================================================== verifiers
-def emitted_distribution(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...], float]:
-    """Exact distribution of the tokens one verification of a FIXED tree emits, if lossless.
-
-    Sampling token by token from ``probs`` (row u = the target distribution after node u),
-    starting at the root: a token equal to a child of the current node moves there and the walk
-    goes on; any other token ends the step as the bonus. Outcome = the emitted tokens.
-    """
-    children: dict[int, dict[int, int]] = {}
-    for i, (p, tok) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
-        if p >= 0:
-            children.setdefault(p, {})[tok] = i
-    rows = probs.double().tolist()
-    out: dict[tuple[int, ...], float] = {}
-    stack = [(0, (), 1.0)]
-    while stack:
-        node, prefix, mass = stack.pop()
-        for token, p in enumerate(rows[node]):
-            if p <= 0:
-                continue
-            child = children.get(node, {}).get(token)
-            if child is None:
-                out[prefix + (token,)] = out.get(prefix + (token,), 0.0) + mass * p
-            else:
-                stack.append((child, prefix + (token,), mass * p))
-    return out
-
-
-def chi_square_pvalue(counts: dict[Any, int], probs: dict[Any, float], min_expected: float = 5.0) -> tuple[float, int]:
-    """Pearson goodness-of-fit p-value of ``counts`` against ``probs`` and its degrees of freedom.
-
-    Outcomes expected fewer than ``min_expected`` times are pooled into one cell (the usual
-    validity rule). Outcomes of probability 0 must be checked separately (any count fails).
-    """
-    total = sum(counts.values())
-    cells, pooled_obs, pooled_exp = [], 0.0, 0.0
-    for outcome, p in probs.items():
-        exp = p * total
-        if exp < min_expected:
-            pooled_obs, pooled_exp = pooled_obs + counts.get(outcome, 0), pooled_exp + exp
-        else:
-            cells.append((counts.get(outcome, 0), exp))
-    if pooled_exp > 0:
-        cells.append((pooled_obs, pooled_exp))
-    if len(cells) < 2:
-        return 1.0, 0
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    # Survival function of chi2(df) = regularised upper incomplete gamma Q(df/2, stat/2).
-    p_value = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                            torch.tensor(stat / 2, dtype=torch.float64)))
-    return p_value, df
-
-
 #: Shapes of the fixed trees of the distribution property: parent of each node (node 0 = root).
 _DIST_SHAPE = [-1, 0, 0, 0, 1, 1, 4]   # root -> 3 children; first child -> 2; its first -> 1
 _DIST_CHAIN = [-1, 0, 1, 2]            # i.i.d. drafting: one child per node (no duplicate siblings)
 _DIST_VOCAB = 8
-
-
-def _hf_warped_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """transformers' sampling distribution (TemperatureLogitsWarper, TopK, TopP, softmax)."""
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-    )
-
-    scores = logits.clone()
-    if temperature != 1.0:
-        scores = TemperatureLogitsWarper(temperature)(None, scores)
-    if top_k:
-        scores = TopKLogitsWarper(top_k)(None, scores)
-    if top_p < 1.0:
-        scores = TopPLogitsWarper(top_p)(None, scores)
-    return torch.softmax(scores.double(), dim=-1)
 
 
 class VerifierConformance(_Conformance):
@@ -587,7 +411,7 @@ class VerifierConformance(_Conformance):
         """
         if getattr(verifier, "sampling", False):
             opts = verifier.options
-            return _hf_warped_probs(logits, float(getattr(opts, "temperature", 1.0)),
+            return hf_warped_probs(logits, float(getattr(opts, "temperature", 1.0)),
                                     int(getattr(opts, "top_k", 0)), float(getattr(opts, "top_p", 1.0)))
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).double()
 
@@ -625,7 +449,7 @@ class VerifierConformance(_Conformance):
             logits = torch.randn(len(shape), v, generator=gen, dtype=torch.float64) * 1.5
             # A draft that disagrees with the target often, so rejections and residuals matter.
             q = torch.softmax(torch.randn(len(shape), v, generator=gen, dtype=torch.float64) * 1.5, dim=-1)
-            yield mode, logits, _TreeSampler(shape, q, mode)
+            yield mode, logits, TreeSampler(shape, q, mode)
 
     @pytest.mark.statistical
     def test_emitted_distribution_matches_the_target(self):
@@ -689,47 +513,7 @@ class VerifierConformance(_Conformance):
         dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
                                 policy="talon", verifier=verifier)
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
-        _check_output(out, _greedy_reference(target, prompt, max_new, eos), max_new, eos, "greedy configuration")
-
-
-class _TreeSampler:
-    """Trees of a fixed shape whose children are drafted from fixed rows ``q`` in one mode."""
-
-    def __init__(self, parents: list[int], q: torch.Tensor, mode: str) -> None:
-        self.parents, self.q, self.mode = parents, q, mode
-
-    def draw(self, gen: torch.Generator | None) -> DraftTree:
-        """One tree: top ranks of q (deterministic), or children drawn with ``gen``."""
-        n, parents = len(self.parents), self.parents
-        tokens = [0] * n
-        kids: dict[int, list[int]] = {}
-        for i in range(1, n):
-            kids.setdefault(parents[i], []).append(i)
-        for node, children in kids.items():
-            row = self.q[node]
-            if self.mode == "deterministic":
-                picked = torch.sort(row, descending=True, stable=True).indices[: len(children)].tolist()
-            elif self.mode == "iid":
-                picked = torch.multinomial(row, len(children), replacement=True, generator=gen).tolist()
-            else:
-                picked = torch.multinomial(row, len(children), replacement=False, generator=gen).tolist()
-            for child, token in zip(children, picked):
-                tokens[child] = token
-        depths = [0] * n
-        for i in range(1, n):
-            depths[i] = depths[parents[i]] + 1
-        logp = [0.0] * n
-        for i in range(1, n):
-            logp[i] = logp[parents[i]] + math.log(float(self.q[parents[i], tokens[i]]))
-        expanded = torch.zeros(n, dtype=torch.bool)
-        expanded[torch.tensor(parents[1:])] = True
-        tree = DraftTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents), depths=torch.tensor(depths),
-                         logp=torch.tensor(logp, dtype=torch.float32), ranks=torch.full((n,), -1))
-        if self.mode == "deterministic":
-            return tree
-        tree.draft_probs = torch.where(expanded[:, None], self.q, 0.0)
-        tree.drafting = self.mode  # type: ignore[assignment]
-        return tree
+        check_output(out, greedy_reference(target, prompt, max_new, eos), max_new, eos, "greedy configuration")
 
 
 # ====================================================================== generated classes
