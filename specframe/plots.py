@@ -52,7 +52,9 @@ def funnel_heatmaps(summary: dict, path: Path) -> Path | None:
         image = ax.imshow(freq, aspect="auto", cmap="viridis", vmin=0, vmax=vmax)
         r = arm["funnel"]["max_rank"]
         ax.set_xticks(range(used + 1), [str(k) if k < r else f"{r}+" for k in range(used + 1)], fontsize=7)
-        ax.set_yticks(range(freq.shape[0]), [str(d + 1) for d in range(freq.shape[0])], fontsize=7)
+        step = max(1, math.ceil(freq.shape[0] / 12))  # deep trees: label every step-th depth
+        ticks = range(0, freq.shape[0], step)
+        ax.set_yticks(ticks, [str(d + 1) for d in ticks], fontsize=7)
         ax.set_xlabel("sibling rank")
         ax.set_ylabel("depth")
         ax.set_title(arm["name"], fontsize=9)
@@ -63,9 +65,9 @@ def funnel_heatmaps(summary: dict, path: Path) -> Path | None:
 
 def delta_tau_scatter(run: dict, summary: dict, path: Path) -> Path:
     """Per-answer (delta, tau) points per arm, arm means, and the oracle line tau = delta."""
-    fig = _figure(6.5, 4.8)
+    fig = _figure(8.5, 4.8)
     ax = fig.add_subplot(1, 1, 1)
-    top = 1.0
+    top, tau_top = 1.0, 1.0
     colors = arm_colors(summary)
     for arm in summary["arms"]:
         color = colors[arm["name"]]
@@ -76,15 +78,16 @@ def delta_tau_scatter(run: dict, summary: dict, path: Path) -> Path:
         o = arm["overall"]
         ax.scatter([o["delta"] or 0], [o["tau"] or 0], s=70, marker="D", edgecolor="black", color=color,
                    label=arm["name"])
-        top = max(top, float(pts.max()))
+        top = max(top, float(pts[:, 0].max()))
+        tau_top = max(tau_top, float(pts[:, 1].max()))
     line = np.linspace(0, top * 1.05, 50)
     ax.plot(line, line, "k--", lw=1, label="oracle: tau = delta")
     ax.plot(line, line + 1, ":", color="grey", lw=1, label="chain bound: tau = delta + 1")
     ax.set_xlim(left=-0.1)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, tau_top * 1.15 + 0.5)  # the data, not the oracle line, sets the scale
     ax.set_xlabel("delta (draft forwards per target forward)")
     ax.set_ylabel("tau (tokens per target forward)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # outside: never over data
     ax.set_title("delta vs tau (dots: answers, diamonds: arm totals)", fontsize=10)
     return _save(fig, path)
 
