@@ -53,7 +53,7 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         f"# Experiment: {summary.get('name')}", "",
         f"Target `{summary.get('target')}`, max_new_tokens {summary.get('max_new_tokens')}, "
         f"repeats {summary.get('repeats')}, torch {summary.get('torch')}.",
-        f"Speedup is relative to the `{base}` arm on the same prompts" if base
+        f"Speedup is relative to the `{base}` arm on the same prompts." if base
         else "No `autoregressive` arm: speedups are not available.", "",
         "## Overall", "",
     ]
