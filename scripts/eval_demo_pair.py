@@ -15,7 +15,7 @@ Usage::
 
     python scripts/eval_demo_pair.py [--assets DIR] [--prompts N] [--new-tokens N] [--eval-tokens N]
 
-Run time on a 2-core CPU: about 1-3 minutes with the defaults.
+Run time on a 2-core CPU: about 3 minutes alone, 8 minutes when the CPU is shared (measured).
 """
 
 from __future__ import annotations
