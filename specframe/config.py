@@ -11,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from .options import OptionError, build_options
-from .plugins import PluginError, get_registry
+from .plugins import SINGULAR, PluginError, get_registry
 
 #: Prefix of a tiny random model built from ``[...random]`` options (tests, smoke runs).
 RANDOM_PREFIX = "random:"
@@ -293,12 +296,12 @@ def _parse_models(raw: Any, where: str = "[models]") -> dict[str, ModelSpec]:
 def _plugin_ref(kind: str, name: Any, options: Any, where: str) -> PluginRef:
     """Check ``name`` is registered as ``kind`` and ``options`` fit its options dataclass."""
     if not isinstance(name, str):
-        raise ConfigError(f"{where}: {kind[:-1]} name must be a string, got {name!r}")
+        raise ConfigError(f"{where}: {SINGULAR[kind]} name must be a string, got {name!r}")
     if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"{where}: {kind[:-1]} options must be a table, got {options!r}")
+        raise ConfigError(f"{where}: {SINGULAR[kind]} options must be a table, got {options!r}")
     try:
         cls = get_registry().get(kind, name)
-        build_options(cls.Options, options, f"{kind[:-1]} {name!r}")
+        build_options(cls.Options, options, f"{SINGULAR[kind]} {name!r}")
     except (PluginError, OptionError) as err:
         raise ConfigError(f"{where}: {err}") from err
     return PluginRef(name, dict(options or {}))
