@@ -86,11 +86,4 @@ def test_index_python_example_runs():
     section = text.split("## Python in one screen", 1)[1]
     code = CODE_BLOCK.search(section).group(1)
     assert "assert out.tokens == ref.tolist()" in code
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: more threads only add overhead
-    try:
-        exec(compile(code, "docs/index.md", "exec"), {"print": lambda *a, **k: None})
-    finally:
-        torch.set_num_threads(threads)
+    exec(compile(code, "docs/index.md", "exec"), {"print": lambda *a, **k: None})

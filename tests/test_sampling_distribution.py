@@ -77,15 +77,6 @@ def _arm_id(arm) -> str:
 CASES = [(arm, warp) for arm in _arms() for warp in WARPS] + [(MERGED_IID, "T1.0")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, which stall badly on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------- synthetic models
 TARGET = SyntheticDrafter(V, temperature=0.6, seed=101, dtype=torch.float64)
 NOISE = SyntheticDrafter(V, temperature=1.0, seed=202, dtype=torch.float64)

@@ -29,15 +29,6 @@ MODES = ("deterministic", "iid", "without_replacement")
 VOCAB = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, which stall badly on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _hf_warp(logits, temperature, top_k, top_p):
     """transformers' own warpers, in generate()'s order (the reference semantics)."""
     scores = logits.clone()
