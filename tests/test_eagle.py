@@ -35,15 +35,6 @@ EAGLE1_KEYS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def target():
     """A tiny float64 Llama with 4 layers (EAGLE-3 reads the inputs of layers 1, 2, 3)."""

@@ -32,13 +32,10 @@ def demo():
     except FileNotFoundError as err:
         pytest.fail(f"the shipped demo head is missing ({err}); it is package data under "
                     "specframe/assets/demo-pair/eagle and must be committed", pytrace=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     target = load_causal_lm("demo-target", dtype="float32")
     tok = AutoTokenizer.from_pretrained(target_dir)
     lines = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:3]
-    yield target, [torch.tensor(tok(p["turns"][0], add_special_tokens=False)["input_ids"]) for p in lines]
-    torch.set_num_threads(before)
+    return target, [torch.tensor(tok(p["turns"][0], add_special_tokens=False)["input_ids"]) for p in lines]
 
 
 def test_demo_head_is_a_small_eagle3_checkpoint(demo):
