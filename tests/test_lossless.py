@@ -32,8 +32,15 @@ def _reference(model, prompt, max_new_tokens, eos):
 
 def _drafter_specs(draft):
     specs = [("model", {"model": draft})]
-    if "ngram" in specframe.get_registry().names("drafters"):
+    names = specframe.get_registry().names("drafters")
+    if "ngram" in names:
         specs.append(("ngram", {}))
+    if "eagle" in names and "eagle3" in names:
+        from specframe.drafters.eagle_checkpoint import random_head
+
+        # heads in the published layouts, shaped for the target (built on the draft copy)
+        specs += [("eagle", {"head": random_head(draft, "eagle", seed=1)}),
+                  ("eagle3", {"head": random_head(draft, "eagle3", seed=2, draft_vocab_size=40)})]
     return specs
 
 
