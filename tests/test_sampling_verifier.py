@@ -13,10 +13,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import specframe
 from specframe.engine import make_plugin
+from specframe.testing.distribution import hf_warped_scores
 from specframe.testing.models import perturbed_copy, tiny_model
 from specframe.testing.strategies import draft_trees
 from specframe.testing.synthetic import SyntheticDrafter, make_session
@@ -29,18 +29,6 @@ MODES = ("deterministic", "iid", "without_replacement")
 VOCAB = 8
 
 
-def _hf_warp(logits, temperature, top_k, top_p):
-    """transformers' own warpers, in generate()'s order (the reference semantics)."""
-    scores = logits.clone()
-    if temperature != 1.0:
-        scores = TemperatureLogitsWarper(temperature)(None, scores)
-    if top_k:
-        scores = TopKLogitsWarper(top_k)(None, scores)
-    if top_p < 1.0:
-        scores = TopPLogitsWarper(top_p)(None, scores)
-    return scores
-
-
 @given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.3, 0.7, 1.0, 1.5]),
        top_k=st.integers(0, 12), top_p=st.sampled_from([0.0, 0.3, 0.9, 0.95, 1.0]),
        ties=st.booleans())
@@ -48,7 +36,7 @@ def test_warping_equals_transformers_warpers(seed, temperature, top_k, top_p, ti
     logits = torch.randn(6, 10, generator=torch.Generator().manual_seed(seed))
     if ties:
         logits = logits.round()  # many exact ties at the top-k / top-p boundaries
-    assert torch.equal(warp_logits(logits, temperature, top_k, top_p), _hf_warp(logits, temperature, top_k, top_p))
+    assert torch.equal(warp_logits(logits, temperature, top_k, top_p), hf_warped_scores(logits, temperature, top_k, top_p))
 
 
 def _random_case(tree, mode, seed, sparse):

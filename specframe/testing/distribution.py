@@ -70,8 +70,9 @@ def chi_square_pvalue(counts: dict[Any, int], probs: dict[Any, float], min_expec
     return p_value, df
 
 
-def hf_warped_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """transformers' sampling distribution (TemperatureLogitsWarper, TopK, TopP, softmax)."""
+def hf_warped_scores(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' own warpers (Temperature, TopK, TopP) in generate()'s order: the reference
+    semantics of the sampling verifier's warping."""
     from transformers.generation.logits_process import (
         TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
     )
@@ -83,7 +84,12 @@ def hf_warped_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p:
         scores = TopKLogitsWarper(top_k)(None, scores)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p)(None, scores)
-    return torch.softmax(scores.double(), dim=-1)
+    return scores
+
+
+def hf_warped_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' sampling distribution: the warped scores' softmax (float64)."""
+    return torch.softmax(hf_warped_scores(logits, temperature, top_k, top_p).double(), dim=-1)
 
 
 class TreeSampler:
