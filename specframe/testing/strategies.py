@@ -27,14 +27,13 @@ def draft_trees(draw, max_nodes: int = 64, vocab_size: int = 64, max_children: i
         tokens.append(tok)
         logp.append(logp[p] - draw(st.floats(0.0, 5.0, allow_nan=False)))
         ranks.append(len(used[p]) - 1)
-    tree = DraftTree.root(tokens[0])
     depths = [0]
     for i in range(1, len(parents)):
         depths.append(depths[parents[i]] + 1)
     return DraftTree(
         tokens=torch.tensor(tokens), parents=torch.tensor(parents), depths=torch.tensor(depths),
         logp=torch.tensor(logp, dtype=torch.float32), ranks=torch.tensor(ranks),
-    ) if len(parents) > 1 else tree
+    )
 
 
 def prompts(vocab_size: int = 64, min_len: int = 1, max_len: int = 64):
