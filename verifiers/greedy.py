@@ -13,7 +13,8 @@ def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
 
     A node is on the accepted path iff every node on its root path (root excluded) carries
     the target's argmax at its parent. Siblings have distinct tokens, so accepted nodes form
-    one path; its deepest node's argmax is the bonus token.
+    one path; its deepest node's argmax is the bonus token. The slow, literal reference is
+    ``specframe.testing.harness.greedy_walk`` (property-tested against this in tests/test_greedy.py).
     """
     argmax = target_logits.argmax(dim=-1).to(tree.device)
     match = tree.tokens == argmax[tree.parents.clamp(min=0)]
@@ -24,19 +25,6 @@ def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     last = int(depth.argmax())
     path = torch.nonzero(anc[last]).flatten()  # ancestors in topological order = root..last
     return Verdict(accepted_path=path, bonus_token=int(argmax[last]))
-
-
-def greedy_accept_reference(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """Slow, literal walk from the root (the reference the vectorised version is tested against)."""
-    argmax = target_logits.argmax(dim=-1).tolist()
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    path = [0]
-    while True:
-        nxt = [i for i in range(len(tokens)) if parents[i] == path[-1] and tokens[i] == argmax[path[-1]]]
-        if not nxt:
-            break
-        path.append(nxt[0])
-    return Verdict(accepted_path=torch.tensor(path), bonus_token=argmax[path[-1]])
 
 
 class GreedyVerifier(Verifier):
