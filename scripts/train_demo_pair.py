@@ -172,7 +172,10 @@ def extract_prompts(held, n_max: int = 50, max_chars: int = 600) -> list[dict]:
                 continue
             if not chunk[-1].rstrip().endswith(('"""', "'''")):
                 continue  # docstring must end its line
-            prompt = "\n".join(l[indent:].rstrip() for l in chunk) + "\n" + " " * body_indent
+            # End exactly at the closing quotes: byte-level BPE merges a newline with the
+            # following indent into one token, so a prompt ending in "\n    " puts a token
+            # boundary the model never saw in training and it drifts into comment loops.
+            prompt = "\n".join(l[indent:].rstrip() for l in chunk)
             if 60 <= len(prompt) < max_chars:
                 by_cat.setdefault(category_of(rel), []).append(prompt)
     out: list[dict] = []
@@ -186,6 +189,17 @@ def extract_prompts(held, n_max: int = 50, max_chars: int = 600) -> list[dict]:
         if all(i >= len(by_cat[c]) for c in cats):
             break
     return out
+
+
+def write_prompts(held, path: Path) -> list[dict]:
+    """Extract the held-out prompts and write them as Spec-Bench jsonl lines."""
+    prompts = extract_prompts(held, n_max=50)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+    log(f"wrote {len(prompts)} prompts to {path}")
+    return prompts
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -211,21 +225,16 @@ def prepare(args) -> None:
 
     work = Path(args.work)
     done = work / "prep" / "done.json"
+    root, train, held = read_split(args.smoke)
+    # Prompts are rewritten even when the token streams are cached: extraction is cheap
+    # and deterministic, so a change to the prompt format needs no re-tokenisation.
+    prompts = write_prompts(held, Path(args.prompts))
     if done.exists():
         log(f"prep cached in {work / 'prep'}")
         return
     t0 = time.time()
     (work / "prep").mkdir(parents=True, exist_ok=True)
-    root, train, held = read_split(args.smoke)
     log(f"stdlib {root}: {len(train)} train files, {len(held)} held-out files")
-
-    prompts = extract_prompts(held, n_max=50)
-    ppath = Path(args.prompts)
-    ppath.parent.mkdir(parents=True, exist_ok=True)
-    with open(ppath, "w") as f:
-        for p in prompts:
-            f.write(json.dumps(p) + "\n")
-    log(f"wrote {len(prompts)} prompts to {ppath}")
 
     tok = train_tokenizer([t for _, t in train], args.vocab_size)
     tok.save_pretrained(work / "prep" / "tokenizer")
