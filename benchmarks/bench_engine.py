@@ -5,7 +5,11 @@ Random 4-layer d=256 Llama target and a 1-layer d=128 Llama draft (CPU, float32,
 width-10 policy defined below. "Everything else" is policy bookkeeping + verification +
 commit/KV compaction + engine overhead; the goal is <= 15% of the step time.
 
-    python benchmarks/bench_engine.py [--tokens 128] [--threads 2]
+Each arm runs on the reference path (growing cache, validation and verdict read piece by
+piece) and the fast path (pre-allocated cache, one host read per step); ``--compile`` adds the
+fast path with the target under ``torch.compile`` (minutes of compilation on a CPU).
+
+    python benchmarks/bench_engine.py [--tokens 128] [--threads 2] [--compile]
 """
 
 from __future__ import annotations
@@ -60,11 +64,12 @@ def make_models(vocab: int = 32000):
     return llama(256, 4, 0), llama(128, 1, 1)
 
 
-def run_arm(label, target, draft, policy, tokens, prompt, fast=False):
+def run_arm(label, target, draft, policy, tokens, prompt, fast=False, compile=False):
     """Generate once (warm-up) and once timed; print the mean split per step."""
     dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}), policy=policy,
-                                      fast=fast)
-    dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
+                                      fast=fast, compile=compile)
+    # Compiled: warm up with the timed length, so every tree and cache size has been traced.
+    dec.generate(prompt, max_new_tokens=tokens if compile else 16, eos_token_id=None)
     out = dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)
     steps = out.steps
     n = len(steps)
@@ -85,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also time the fast path with a compiled target")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = make_models()
@@ -95,6 +101,8 @@ def main() -> None:
                           ("60-node tree (wide)", WideTreePolicy(WideOptions()))):
         for fast in (False, True):
             run_arm(f"{label} {'fast' if fast else 'ref '}", target, draft, policy, args.tokens, prompt, fast)
+        if args.compile:
+            run_arm(f"{label} compiled", target, draft, policy, args.tokens, prompt, True, True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ Full mode finishes in under 8 minutes and writes ONE JSON file plus a short text
 3. the demo pair end to end (all arms of examples/demo.toml, greedy, float32 and bf16) with
    speedups vs the autoregressive arm;
 4. projected speedup per policy for the 8B shape: tau and delta measured on the demo pair
-   combined with the measured T(n) and draft step time (a PROJECTION, labelled as such).
+   combined with the measured T(n) and draft step time (a PROJECTION, labelled as such);
+5. engine paths: talon step time on the 8B shape with the reference path vs the fast path
+   (one host read per step), and the demo target eager vs ``torch.compile``d (compile time,
+   ms per generated token, whether the tokens agree).
 
 ``--smoke`` runs the same code on tiny shapes on the CPU in seconds (CI runs it).
 
@@ -209,6 +212,55 @@ def projection(curve: dict, split: dict, demo: dict) -> dict:
     return out
 
 
+def engine_paths(target_model: Any, draft_model: Any, plan: Plan) -> dict:
+    """Talon step time (ms) on the big target: reference path vs fast path."""
+    prompt = torch.randint(0, plan.shape["vocab_size"], (plan.prefixes[0],), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for label, fast in (("reference", False), ("fast", True)):
+        dec = specframe.SpecDecoder.build(target=target_model, drafter=("model", {"model": draft_model}),
+                                          policy="talon", fast=fast)
+        dec.generate(prompt, max_new_tokens=4, eos_token_id=None)
+        sync(plan.device)
+        res = dec.generate(prompt, max_new_tokens=plan.step_tokens, eos_token_id=None)
+        out[label] = {"step_ms": 1e3 * sum(s.total_time for s in res.steps) / len(res.steps),
+                      "tokens_per_s": len(res.tokens) / res.wall_time}
+    return out
+
+
+def compile_check(plan: Plan) -> dict:
+    """Eager vs ``torch.compile`` target (talon, fast path): compile time and ms per token.
+
+    Full mode uses the demo pair (a launch-bound 2M target, where compilation could pay);
+    smoke mode a tiny random Llama.
+    """
+    if plan.device.type == "cuda":
+        from specframe.target import load_causal_lm
+
+        target_model = load_causal_lm("demo-target", dtype="float32", device="cuda")
+        draft_model = load_causal_lm("demo-draft", dtype="float32", device="cuda")
+    else:
+        target_model, draft_model = llama(plan.shape, None, plan, seed=2), llama(plan.shape, 1, plan, seed=3)
+    vocab = target_model.config.vocab_size
+    prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(1))
+    tokens = plan.step_tokens
+    out: dict[str, Any] = {}
+    for label, compiled in (("eager", False), ("compiled", True)):
+        dec = specframe.SpecDecoder.build(target=target_model, drafter=("model", {"model": draft_model}),
+                                          policy="talon", fast=True, compile=compiled)
+        sync(plan.device)
+        start = time.perf_counter()
+        dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)  # warm-up traces every shape
+        sync(plan.device)
+        warm = time.perf_counter() - start
+        res = dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)
+        out[label] = {"warmup_s": warm, "ms_per_token": 1e3 * res.wall_time / len(res.tokens),
+                      "target_ms_per_step": 1e3 * sum(s.target_time for s in res.steps) / len(res.steps),
+                      "tokens": res.tokens}
+    out["same_tokens"] = out["eager"].pop("tokens") == out["compiled"].pop("tokens")
+    out["compiled_over_eager"] = out["compiled"]["ms_per_token"] / out["eager"]["ms_per_token"]
+    return out
+
+
 def summary_text(result: dict) -> str:
     """A short human-readable summary of the JSON result."""
     lines = [f"specframe gpu_suite ({result['mode']}) on {result['machine']['device_name']}, "
@@ -231,6 +283,17 @@ def summary_text(result: dict) -> str:
     lines += ["", "4. PROJECTED 8B speedup (demo-pair tau x measured 8B latencies; not a measurement)"]
     for label, p in result["projection"].items():
         lines.append(f"  {label:<6} {p['projected_speedup']:.2f}x (tau {p['tau_demo']:.2f}, delta {p['delta_demo']:.2f})")
+    paths = result.get("engine_paths", {})
+    if paths:
+        lines += ["", "5. engine paths (talon, 8B shape): step ms reference -> fast: "
+                  f"{paths['reference']['step_ms']:.2f} -> {paths['fast']['step_ms']:.2f}"]
+    comp = result.get("compile", {})
+    if "error" in comp:
+        lines.append(f"   torch.compile: failed ({comp['error']})")
+    elif comp:
+        lines.append(f"   torch.compile target: {comp['eager']['ms_per_token']:.2f} -> "
+                     f"{comp['compiled']['ms_per_token']:.2f} ms/token (x{comp['compiled_over_eager']:.2f}), "
+                     f"warm-up {comp['compiled']['warmup_s']:.0f} s, same tokens: {comp['same_tokens']}")
     return "\n".join(lines) + "\n"
 
 
@@ -239,6 +302,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, seconds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--skip-demo", action="store_true", help="skip section 3 (and 4)")
+    parser.add_argument("--skip-compile", action="store_true", help="skip the torch.compile check of section 5")
     args = parser.parse_args()
     plan = plan_for(args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -255,6 +319,8 @@ def main() -> None:
     draft_model = llama(plan.shape, 1, plan, seed=1)
     result["step_split_ms"] = step_split(target_model, draft_model, plan)
     print("2. step split done", flush=True)
+    result["engine_paths"] = engine_paths(target_model, draft_model, plan)
+    print("5a. engine paths done", flush=True)
     del target_model, draft_model, target
     if plan.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -262,6 +328,11 @@ def main() -> None:
         result["demo"] = {} if args.skip_demo else demo_end_to_end(plan, Path(tmp))
     print("3. demo pair done", flush=True)
     result["projection"] = projection(result["latency_ms"], result["step_split_ms"], result["demo"])
+    try:  # compilation is the least predictable part: a failure must not lose the rest
+        result["compile"] = {} if args.skip_compile else compile_check(plan)
+    except Exception as err:  # noqa: BLE001 - recorded in the result, not hidden
+        result["compile"] = {"error": f"{type(err).__name__}: {err}"[:500]}
+    print("5b. compile check done", flush=True)
     result["wall_s"] = time.perf_counter() - start
     stem = "gpu_suite_smoke" if args.smoke else "gpu_suite"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))

@@ -77,44 +77,44 @@ class ModelDrafter(Drafter):
         self.logp_of: dict[int, torch.Tensor] = {}
         self.tree_start: int | None = None
 
-    def _needed(self, tree: DraftTree, nodes: torch.Tensor) -> list[int]:
-        """Requested nodes plus any unforwarded ancestors, in topological (index) order."""
-        anc = tree.ancestor_mask()[nodes].any(dim=0)
-        return [i for i in torch.nonzero(anc).flatten().tolist() if i not in self.slot_of]
-
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Draft log-probs after each node; one forward covers catch-up tokens and new nodes."""
-        todo = self._needed(tree, nodes)
+        # One read of the tree per draft forward (on a GPU each read waits for the device);
+        # the bookkeeping below then walks plain lists.
+        n = len(tree)
+        host = torch.cat([tree.tokens, tree.parents, tree.depths, nodes.to(tree.device)]).tolist()
+        shape = _HostTree(host[:n], host[n : 2 * n], host[2 * n : 3 * n])
+        wanted = host[3 * n :]
+        todo = [i for i in shape.closure(wanted) if i not in self.slot_of]
         if todo:
-            self._forward(tree, todo)
-        return torch.stack([self.logp_of[int(n)] for n in nodes.tolist()])
+            self._forward(tree, todo, shape)
+        return torch.stack([self.logp_of[node] for node in wanted])
 
-    def _forward(self, tree: DraftTree, todo: list[int]) -> None:
+    def _forward(self, tree: DraftTree, todo: list[int], shape: "_HostTree") -> None:
         dev = self.lm.device
         pending = self.committed[self.cached : len(self.committed) - 1] if self.tree_start is None else []
         if self.tree_start is None:
             self.tree_start = self.cached + len(pending)
         p, q = len(pending), len(todo)
-        todo_t = torch.tensor(todo, dtype=torch.long, device=tree.device)
-        tokens = torch.cat([torch.tensor(pending, dtype=torch.long), tree.tokens[todo_t].cpu()]).to(dev)
-        positions = torch.cat(
-            [torch.arange(self.cached, self.cached + p), tree.positions(len(self.committed))[todo_t].cpu()]
-        ).to(dev)
+        root_position = len(self.committed) - 1
+        tokens = torch.tensor(pending + [shape.tokens[i] for i in todo], dtype=torch.long).to(dev)
+        positions = list(range(self.cached, self.cached + p)) + [root_position + shape.depths[i] for i in todo]
         # Columns: forwarded tree slots of this step, then pending tokens, then the new nodes.
         slots = sorted(self.slot_of, key=self.slot_of.get)
         anc = tree.ancestor_mask().to(dev)
+        todo_t = torch.tensor(todo, dtype=torch.long).to(dev)
         mask = torch.zeros(p + q, len(slots) + p + q, dtype=torch.bool, device=dev)
         mask[:p, len(slots) : len(slots) + p] = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
         mask[p:, len(slots) : len(slots) + p] = True
         if slots:
-            mask[p:, : len(slots)] = anc[todo_t.to(dev)][:, torch.tensor(slots, device=dev)]
-        mask[p:, len(slots) + p :] = anc[todo_t.to(dev)][:, todo_t.to(dev)]
-        logits = self.lm.forward(tokens, positions, mask).logits[0, p:]
+            mask[p:, : len(slots)] = anc[todo_t][:, torch.tensor(slots).to(dev)]
+        mask[p:, len(slots) + p :] = anc[todo_t][:, todo_t]
+        logits = self.lm.forward(tokens, torch.tensor(positions).to(dev), mask,
+                                 max_position=max(positions)).logits[0, p:]
         self.cached += p
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        all_tokens = tree.tokens.tolist()
         for j, node in enumerate(todo):
-            self.slot_of_tokens[tuple(all_tokens[i] for i in tree.path_to(node)[1:])] = len(self.slot_of)
+            self.slot_of_tokens[shape.token_path(node)] = len(self.slot_of)
             self.slot_of[node] = len(self.slot_of)
             self.logp_of[node] = logp[j]
 
@@ -132,3 +132,27 @@ class ModelDrafter(Drafter):
             self.cached = self.tree_start + len(keep)
         self.committed += [int(t) for t in tokens.tolist()]
         self._new_step()
+
+
+class _HostTree:
+    """A host copy of a tree's tokens, parents and depths for the drafter's bookkeeping."""
+
+    def __init__(self, tokens: list[int], parents: list[int], depths: list[int]) -> None:
+        self.tokens, self.parents, self.depths = tokens, parents, depths
+
+    def closure(self, nodes: list[int]) -> list[int]:
+        """``nodes`` and all their ancestors, in topological (index) order."""
+        seen: set[int] = set()
+        for node in nodes:
+            while node >= 0 and node not in seen:
+                seen.add(node)
+                node = self.parents[node]
+        return sorted(seen)
+
+    def token_path(self, node: int) -> tuple[int, ...]:
+        """Tokens from the root's child down to ``node`` (the root's own token excluded)."""
+        path = []
+        while self.parents[node] >= 0:
+            path.append(self.tokens[node])
+            node = self.parents[node]
+        return tuple(reversed(path))

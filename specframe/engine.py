@@ -15,7 +15,8 @@ from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from .options import build_options
 from .plugins import SINGULAR, get_registry
 from .target import TargetModel
-from .tree import InvalidTreeError
+from .step_read import read_step, read_verdict
+from .tree import DraftTree, InvalidTreeError
 
 PluginSpec = Any  # "name" | ("name", {options}) | instance
 
@@ -115,14 +116,19 @@ class SpecDecoder:
         policy: PluginSpec = "chain",
         verifier: PluginSpec = "greedy",
         fast: bool | None = None,
+        compile: bool = False,
     ) -> "SpecDecoder":
         """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
 
         Each spec is a registered name, a ``(name, options_dict)`` pair or an instance.
         Options are checked before any drafter model loads. ``fast``: pre-allocated KV cache
-        (default: on for CUDA targets); output is identical either way.
+        and one host read per step (default: on for CUDA targets); output is identical either
+        way. ``compile``: run the target's forward through ``torch.compile``
+        (:meth:`TargetModel.compile`; see docs/performance.md for when it pays).
         """
         tgt = target if isinstance(target, TargetModel) else TargetModel(target)
+        if compile and not tgt.compiled:
+            tgt.compile()
         pol = make_plugin("policies", policy)
         ver = make_plugin("verifiers", verifier)
         dra = make_plugin("drafters", drafter, tgt)
@@ -218,30 +224,46 @@ class SpecDecoder:
         session = DraftSession(self.drafter, committed[-1], self.target.device, generator)
         limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
+        if len(tree) > limit:  # a host-side shape: checking it costs no device read
+            self._reject(tree, committed, limit)
+        if not self.fast:
+            self._reject(tree, committed, limit)
+        return tree, session, limit
+
+    def _reject(self, tree: DraftTree, committed: list[int], limit: int) -> None:
+        """Raise EngineError naming the first broken invariant, if there is one."""
         try:
             tree.check_valid(limit)
             if int(tree.tokens[0]) != committed[-1]:
                 raise InvalidTreeError(f"root token {int(tree.tokens[0])} is not the last committed token {committed[-1]}")
         except InvalidTreeError as err:
             raise EngineError(f"policy {self.policy.name!r} returned an invalid tree: {err}") from err
-        return tree, session
 
     def _step(
         self, committed: list[int], remaining: int, eos: set[int], generator, verifier: Verifier
     ) -> tuple[list[int], StepStats]:
         t0 = time.perf_counter()
-        tree, session = self._build_tree(committed, generator)
+        tree, session, limit = self._build_tree(committed, generator)
         t1 = time.perf_counter()
         out = self.target.tree_forward(
             tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
             output_hidden_states=self._needs_hidden,
+            # The engine's limit already keeps every position in range: no device max to read.
+            max_position=len(committed) - 2 + len(tree),
         )
         logits = out.logits[0]
         t2 = time.perf_counter()
-        verdict = verifier.verify(tree, logits, generator)
+        if self.fast:
+            last, bonus = verifier.accept_leaf(tree, logits, generator)
+            ok = tree.valid_flag() & (tree.tokens[0] == committed[-1])
+            read = read_step(tree, last, bonus, ok)  # the step's one host synchronisation
+            if not read.ok:
+                self._reject(tree, committed, limit)
+                raise EngineError(f"policy {self.policy.name!r} returned an invalid tree")
+        else:
+            read = read_verdict(tree, verifier.verify(tree, logits, generator))
         t3 = time.perf_counter()
-        path = verdict.accepted_path.to(tree.device)
-        emitted = tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)]
+        emitted = read.tokens
         finished = len(emitted) >= remaining or any(t in eos for t in emitted)
         emitted = emitted[:remaining]
         for i, tok in enumerate(emitted):
@@ -250,15 +272,15 @@ class SpecDecoder:
                 break
         if not finished:
             # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
-            self.target.keep(len(committed) - 1, path)
+            self.target.keep(len(committed) - 1, read.path, contiguous=read.contiguous)
             hidden = out.hidden_states if self._needs_hidden else None
-            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), path, hidden)
+            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), read.path, hidden)
         t4 = time.perf_counter()
         draft_time = session.draft_time
         stats = StepStats(
             tree_size=len(tree),
-            depth=tree.max_depth,
-            accepted=len(path) - 1,
+            depth=len(read.widths) - 1,
+            accepted=len(read.ranks),
             emitted=len(emitted),
             draft_forwards=session.draft_forwards,
             draft_time=draft_time,
@@ -266,7 +288,7 @@ class SpecDecoder:
             target_time=t2 - t1,
             verify_time=t3 - t2,
             other_time=t4 - t3,
-            widths=tree.width_per_depth(),
-            accepted_ranks=tree.ranks[path[1:]].tolist(),
+            widths=read.widths,
+            accepted_ranks=read.ranks,
         )
         return emitted, stats

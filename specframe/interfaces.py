@@ -142,6 +142,12 @@ class Verdict:
     accepted_path: torch.Tensor
     bonus_token: int
 
+    @classmethod
+    def from_leaf(cls, tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor) -> "Verdict":
+        """The verdict whose path runs from the root to node ``last`` (reads back to the host)."""
+        path = torch.nonzero(tree.ancestor_mask()[int(last)]).flatten()  # topological = root..last
+        return cls(accepted_path=path, bonus_token=int(bonus))
+
 
 class Verifier(ABC):
     """Decides which drafted path the target accepts and which token it adds."""
@@ -159,6 +165,21 @@ class Verifier(ABC):
         self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None
     ) -> Verdict:
         """Verify ``tree`` given target logits ``[n, V]`` at every node (row i predicts i's child)."""
+
+    def accept_leaf(
+        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same decision as :meth:`verify`, as two 0-dim tensors on the tree's device:
+        the deepest accepted node and the bonus token.
+
+        The engine's fast path calls this so that the accepted path, its tokens and the bonus
+        reach the host in one read per step. This default goes through :meth:`verify` (which
+        reads back on its own); a verifier that can decide on the device overrides it and
+        derives ``verify`` from it, as the built-ins do.
+        """
+        verdict = self.verify(tree, target_logits, generator)
+        last = verdict.accepted_path[-1].to(tree.device)
+        return last, torch.tensor(verdict.bonus_token, device=tree.device)
 
 
 @dataclass

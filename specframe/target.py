@@ -7,6 +7,7 @@ position ids; afterwards the cache keeps exactly the prefix plus the accepted pa
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
+@functools.cache  # one class for the process: torch.compile guards on the cache layer's type
 def _preallocated_layer_class():
     """A DynamicLayer whose K/V live in buffers allocated once (created lazily: transformers'
     cache classes are imported only when a model runs)."""
@@ -113,6 +115,20 @@ class TargetModel:
         self.eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.cache: Any = None
         self.cache_len = 0
+        self._call: Any = model
+        self.compiled = False
+
+    def compile(self, **options: Any) -> None:
+        """Run the model's forward through ``torch.compile`` from now on (``dynamic=True`` by
+        default, since the query length follows the tree size and the cache grows every step).
+
+        Pays off on a GPU for a target whose forward is launch-bound (small models, short trees);
+        see docs/performance.md for the measurements. Outputs stay those of the eager model up to
+        kernel-level rounding, so exact-equality tests keep it off.
+        """
+        options.setdefault("dynamic", True)
+        self._call = torch.compile(self.model, **options)
+        self.compiled = True
 
     # ------------------------------------------------------------------ cache
     def reset(self, capacity: int | None = None) -> None:
@@ -134,15 +150,18 @@ class TargetModel:
         self.cache_len = 0
 
     @torch.inference_mode()
-    def keep(self, start: int, slots: torch.Tensor) -> None:
+    def keep(self, start: int, slots: torch.Tensor, contiguous: bool | None = None) -> None:
         """Compact the cache to entries ``[:start]`` plus ``start + slots`` (in that order).
 
         Used after verification: the prefix stays, the accepted path's entries move right behind
         it and everything else is dropped (a crop alone would keep rejected siblings).
+        ``contiguous`` (slots are 0..k-1) may be passed by a caller that already knows it on the
+        host; otherwise it is read from the device.
         """
         slots = slots.to(self.device, torch.long)
         n = int(slots.numel())
-        contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
+        if contiguous is None:
+            contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
         for layer in self.cache.layers:
             if hasattr(layer, "keep"):
                 layer.keep(start, slots)
@@ -184,22 +203,24 @@ class TargetModel:
         positions: torch.Tensor,
         new_mask: torch.Tensor,
         output_hidden_states: bool = False,
+        max_position: int | None = None,
     ) -> Any:
         """Run ``tokens`` (``[q]``) at ``positions`` on top of the cache; appends them to it.
 
         ``new_mask`` (bool) is ``[q, q]`` (attention among the new tokens, whole cache visible) or
         ``[q, t + q]`` (also masking the last ``t`` cache entries, e.g. tree nodes of a drafter).
+        ``max_position``: an upper bound of ``positions`` the caller knows on the host; without
+        it the range check reads ``positions.max()`` from the device.
 
         Returns the model output (``.logits`` is ``[1, q, V]``).
         """
         if self.cache is None:
             self.reset()
         q = int(tokens.shape[0])
-        if int(positions.max()) >= self.max_positions:
-            raise ValueError(
-                f"position {int(positions.max())} is beyond the model's {self.max_positions} positions"
-            )
-        out = self.model(
+        top = int(positions.max()) if max_position is None else max_position
+        if top >= self.max_positions:
+            raise ValueError(f"position {top} is beyond the model's {self.max_positions} positions")
+        out = self._call(
             input_ids=tokens.to(self.device)[None],
             position_ids=positions.to(self.device)[None],
             attention_mask=self._mask(new_mask),
@@ -219,10 +240,10 @@ class TargetModel:
 
     def tree_forward(
         self, tree_tokens: torch.Tensor, positions: torch.Tensor, ancestor_mask: torch.Tensor,
-        output_hidden_states: bool = False,
+        output_hidden_states: bool = False, max_position: int | None = None,
     ) -> Any:
         """Forward a whole draft tree (already ordered topologically) on top of the cache."""
-        return self.forward(tree_tokens, positions, ancestor_mask, output_hidden_states)
+        return self.forward(tree_tokens, positions, ancestor_mask, output_hidden_states, max_position)
 
 
 def load_causal_lm(

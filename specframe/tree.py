@@ -124,16 +124,21 @@ class DraftTree:
         """``[n, n]`` bool, ``mask[i, j]`` is True iff j is i itself or an ancestor of i.
 
         This is the tree-attention mask: node i may attend to exactly these nodes. Built by
-        pointer doubling over depth (vectorised over nodes), not by a loop over nodes.
+        pointer jumping: after round k each row holds the ancestors within 2^k steps, so
+        ceil(log2(n)) rounds suffice. The round count depends only on ``len(tree)``, never on
+        the tree's values, so building the mask never waits for the device.
         """
         if "anc" not in self._cache:
             n = len(self)
             mask = torch.eye(n, dtype=torch.bool, device=self.device)
             rows = torch.arange(n, device=self.device)
-            cur = rows.clone()
-            for _ in range(self.max_depth):
-                cur = self.parents[cur].clamp(min=0)
-                mask[rows, cur] = True
+            # The root is its own parent, so jumping past it is a no-op; the upper clamp keeps a
+            # broken tree from indexing out of range before the engine reads its validity flag.
+            jump = self.parents.clamp(0, n - 1)
+            mask[rows, jump] = True
+            for _ in range(max(0, n - 1).bit_length()):
+                mask = mask | mask[jump]
+                jump = jump[jump]
             self._cache["anc"] = mask
         return self._cache["anc"]
 
@@ -210,6 +215,24 @@ class DraftTree:
             raise InvalidTreeError(f"node {i} has a non-finite draft log-prob {float(self.logp[i])}")
         if budget is not None and n > budget:
             raise InvalidTreeError(f"tree has {n} nodes, over the budget of {budget} (root included)")
+
+    def valid_flag(self) -> torch.Tensor:
+        """0-dim bool tensor on the tree's device: ``check_valid``'s value invariants hold.
+
+        Covers the root, topological order, depths, distinct sibling tokens and finite
+        log-probs without reading anything back to the host, so the engine's fast path can
+        fold it into the one read of its step; when it is False, ``check_valid`` names the
+        broken invariant. Shape and budget checks need no device data and are not included.
+        """
+        n = len(self)
+        idx = torch.arange(n, device=self.device)
+        parents = self.parents
+        ok = (parents[0] == -1) & (self.depths[0] == 0)
+        ok = ok & ((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()
+        ok = ok & (self.depths[1:] == self.depths[parents[1:].clamp(0, n - 1)] + 1).all()
+        twins = (parents[:, None] == parents[None, :]) & (self.tokens[:, None] == self.tokens[None, :])
+        ok = ok & ~(twins & ~torch.eye(n, dtype=torch.bool, device=self.device)).any()
+        return ok & torch.isfinite(self.logp).all()
 
     # ------------------------------------------------------------------ export
     def to_networkx(self):

@@ -197,7 +197,9 @@ def build_from_rank_paths(session: DraftSession, paths: Sequence[RankPath], budg
         cand = child_scores(scores[parents], values)
         k = values.shape[1]
         wanted = [(p, row_of[p[:-1]] * k + p[-1]) for p in layer if p[-1] < k]
-        wanted = [(p, f) for p, f in wanted if bool(torch.isfinite(cand.flatten()[f]))]
+        flat_all = torch.tensor([f for _, f in wanted], dtype=torch.long, device=tree.device)
+        finite = torch.isfinite(cand.flatten()[flat_all]).tolist()  # one read per layer
+        wanted = [w for w, ok in zip(wanted, finite) if ok]
         flat = torch.tensor([f for _, f in wanted], dtype=torch.long, device=tree.device)
         first = len(tree)
         tree, scores, _ = append_children(tree, scores, parents, flat, cand, tokens, ranks)

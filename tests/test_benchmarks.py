@@ -21,4 +21,6 @@ def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
     assert "autoregressive" in arms and "talon" in arms
     assert all(m["mismatches"] in (0, None) for m in arms.values())
     assert set(result["projection"]) <= {"chain", "eagle", "talon"} and result["projection"]
+    assert set(result["engine_paths"]) == {"reference", "fast"}
+    assert result["compile"]["same_tokens"] is True, result["compile"]
     assert "PROJECTED" in (tmp_path / "gpu_suite_smoke.txt").read_text()

@@ -95,7 +95,9 @@ def _add(tree, parents, tokens):
         (lambda t: specframe.DraftTree.root(int(t.tokens[0]) + 1), "root token"),
     ],
 )
-def test_invalid_tree_from_a_policy_names_policy_and_invariant(target, make_tree, message):
-    dec = _build(target, policy=_BrokenPolicy(make_tree))
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_invalid_tree_from_a_policy_names_policy_and_invariant(target, make_tree, message, fast):
+    # The fast path checks validity on the device and reads the flag with the verdict.
+    dec = _build(target, policy=_BrokenPolicy(make_tree), fast=fast)
     with pytest.raises(specframe.EngineError, match=f"policy 'broken' returned an invalid tree: .*{message}"):
         dec.generate([5, 6, 7], max_new_tokens=4)

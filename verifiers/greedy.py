@@ -8,8 +8,8 @@ from specframe.interfaces import Verdict, Verifier
 from specframe.tree import DraftTree
 
 
-def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """Vectorised greedy verification.
+def greedy_leaf(tree: DraftTree, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vectorised greedy verification, on the device: (deepest accepted node, bonus token).
 
     A node is on the accepted path iff every node on its root path (root excluded) carries
     the target's argmax at its parent. Siblings have distinct tokens, so accepted nodes form
@@ -19,12 +19,15 @@ def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     argmax = target_logits.argmax(dim=-1).to(tree.device)
     match = tree.tokens == argmax[tree.parents.clamp(min=0)]
     match[0] = True
-    anc = tree.ancestor_mask()
-    accepted = (anc & ~match[None, :]).sum(dim=1) == 0
+    accepted = (tree.ancestor_mask() & ~match[None, :]).sum(dim=1) == 0
     depth = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
-    last = int(depth.argmax())
-    path = torch.nonzero(anc[last]).flatten()  # ancestors in topological order = root..last
-    return Verdict(accepted_path=path, bonus_token=int(argmax[last]))
+    last = depth.argmax()
+    return last, argmax[last]
+
+
+def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """:func:`greedy_leaf` as a :class:`Verdict` (root-to-leaf path on the host)."""
+    return Verdict.from_leaf(tree, *greedy_leaf(tree, target_logits))
 
 
 class GreedyVerifier(Verifier):
@@ -37,3 +40,7 @@ class GreedyVerifier(Verifier):
     def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator=None) -> Verdict:
         """Follow the target's argmax down the tree."""
         return greedy_accept(tree, target_logits)
+
+    def accept_leaf(self, tree: DraftTree, target_logits: torch.Tensor, generator=None):
+        """Follow the target's argmax down the tree without leaving the device."""
+        return greedy_leaf(tree, target_logits)

@@ -166,8 +166,7 @@ def _renormalise(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 def sample_accept(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
     """Vectorised tree speculative sampling given warped target ``probs`` [n, V] and ``uniforms`` [n]."""
     last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
-    path = torch.nonzero(tree.ancestor_mask()[int(last[0])]).flatten()  # root .. last, in order
-    return Verdict(accepted_path=path, bonus_token=int(bonus[0]))
+    return Verdict.from_leaf(tree, last[0], bonus[0])
 
 
 def sample_accept_batch(
@@ -269,13 +268,17 @@ def _decide_sampled(
     # i.i.d. proposals never change; without replacement each draw zeroes its own copy.
     proposal = q.clone() if mode == "without_replacement" else q
     accepted_child = torch.full((samples, n), -1, dtype=torch.long, device=probs.device)
-    ranks = sibling_ranks(parents)
-    for j in range(int(ranks.max()) + 1):
-        kids = torch.nonzero(ranks == j).flatten()
+    # One read of the sibling ranks; parents that already accepted a child stay masked by
+    # ``live``, so looping over every rank (no early exit) decides the same without more reads.
+    by_rank: list[list[int]] = []
+    for node, rank in enumerate(sibling_ranks(parents).tolist()):
+        if rank >= 0:
+            by_rank.extend([] for _ in range(rank + 1 - len(by_rank)))
+            by_rank[rank].append(node)
+    for group in by_rank:
+        kids = torch.tensor(group, dtype=torch.long).to(probs.device)
         par, tok = parents[kids], tokens[:, kids]  # each parent has at most one child of rank j
         live = accepted_child[:, par] < 0  # [S, m]: parents still testing children
-        if not bool(live.any()):
-            break  # a parent with a (j+1)-th child has a j-th one, so none are left
         accept = live & (uniforms[:, kids] * proposal[draw, par, tok] < residual[draw, par, tok])
         accepted_child[:, par] = torch.where(accept, kids, accepted_child[:, par])
         reject = (live & ~accept)[..., None]
@@ -364,10 +367,19 @@ class SamplingVerifier(Verifier):
         Randomness: ``generator`` if given, else the verifier's own (``seed`` option), else
         torch's global generator.
         """
+        probs, uniforms = self._inputs(tree, target_logits, generator)
+        return self.decide(tree, probs, uniforms)
+
+    def accept_leaf(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None):
+        """:meth:`verify`'s decision (same randomness) as device tensors (last node, bonus)."""
+        probs, uniforms = self._inputs(tree, target_logits, generator)
+        last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
+        return last[0], bonus[0]
+
+    def _inputs(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None):
         probs = target_probs(target_logits, self.options)
         gen = generator if generator is not None else self.generator
-        uniforms = draw_uniforms(len(tree), gen, probs.device)
-        return self.decide(tree, probs, uniforms)
+        return probs, draw_uniforms(len(tree), gen, probs.device)
 
 
 class SamplingReferenceVerifier(SamplingVerifier):
@@ -378,3 +390,6 @@ class SamplingReferenceVerifier(SamplingVerifier):
     def decide(self, tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
         """The reference decision given the same inputs as :meth:`SamplingVerifier.decide`."""
         return sample_accept_reference(tree, probs, uniforms)
+
+    # The reference walk decides on the host: derive the device form from it, not the fast kernel.
+    accept_leaf = Verifier.accept_leaf

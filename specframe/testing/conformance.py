@@ -440,6 +440,20 @@ class VerifierConformance(_Conformance):
         siblings = {tokens[i] for i in range(1, len(tree)) if parents[i] == path[-1]}
         assert bonus not in siblings, f"bonus token {bonus} is a drafted child of the last accepted node"
 
+    @FAST
+    @given(tree=draft_trees(max_nodes=24, vocab_size=16), seed=st.integers(0, 2**31 - 1))
+    def test_accept_leaf_agrees_with_verify(self, tree, seed):
+        """``accept_leaf`` (the engine's fast path) takes the same decision as ``verify`` from
+        the same generator state: its leaf is the verdict's last node, its bonus the bonus."""
+        verifier = self.make_verifier()
+        logits = torch.randn(len(tree), 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+        verdict = verifier.verify(tree, logits, torch.Generator().manual_seed(seed + 1))
+        last, bonus = verifier.accept_leaf(tree, logits, torch.Generator().manual_seed(seed + 1))
+        path = torch.as_tensor(verdict.accepted_path).tolist()
+        assert (int(last), int(bonus)) == (path[-1], int(verdict.bonus_token)), (
+            f"accept_leaf gave leaf {int(last)} and bonus {int(bonus)}, verify gave path {path} "
+            f"and bonus {int(verdict.bonus_token)}")
+
     def _cases(self) -> Iterable[tuple[str, torch.Tensor, Any]]:
         """Distribution cases: (drafting mode, target logits, tree or tree sampler)."""
         gen = torch.Generator().manual_seed(2026)

@@ -1,0 +1,72 @@
+"""What the host needs from one verified step, read back from the device in one transfer.
+
+On a GPU every ``int(tensor)`` waits for all queued kernels. The fast path packs the accepted
+path, its tokens and ranks, the bonus token, the tree's widths and its validity flag into one
+tensor and reads it once; ``read_verdict`` is the reference that gets the same record from a
+host-side :class:`Verdict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .interfaces import Verdict
+from .tree import DraftTree
+
+
+@dataclass
+class StepRead:
+    """Host view of one verified step.
+
+    Attributes:
+        ok: the tree passed the engine's validity checks.
+        path: accepted node indices, root first, on the tree's device.
+        tokens: accepted tokens (root excluded) followed by the bonus token.
+        ranks: draft rank of each accepted node (root excluded).
+        widths: number of nodes at each depth.
+        contiguous: the accepted nodes are 0..k-1, so the cache can be cropped, not gathered.
+    """
+
+    ok: bool
+    path: torch.Tensor
+    tokens: list[int]
+    ranks: list[int]
+    widths: list[int]
+    contiguous: bool
+
+
+def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> StepRead:
+    """One device-to-host read for the verdict ``(last, bonus)`` of ``tree`` and flag ``ok``."""
+    n = len(tree)
+    on_path = tree.ancestor_mask()[last]
+    # Ancestors have distinct depths, so scattering node ids by depth lists the path in order;
+    # every other node lands in the spare slot n, which is dropped.
+    slot = torch.where(on_path, tree.depths.clamp(0, n - 1), n)
+    path = torch.full((n + 1,), -1, dtype=torch.long, device=tree.device)
+    path.scatter_(0, slot, torch.arange(n, device=tree.device))
+    path = path[:n]
+    widths = torch.zeros(n, dtype=torch.long, device=tree.device)
+    widths.scatter_add_(0, tree.depths.clamp(0, n - 1), torch.ones_like(tree.depths))
+    safe = path.clamp(min=0)
+    packed = torch.cat([
+        ok.reshape(1).long(), bonus.reshape(1).long(), path, tree.tokens[safe], tree.ranks[safe], widths,
+    ]).tolist()
+    length = sum(1 for p in packed[2 : 2 + n] if p >= 0)
+    nodes = packed[2 : 2 + length]
+    tokens = packed[2 + n + 1 : 2 + n + length]
+    ranks = packed[2 + 2 * n + 1 : 2 + 2 * n + length]
+    width_list = packed[2 + 3 * n :]
+    depth = max((d for d, w in enumerate(width_list) if w), default=0)
+    return StepRead(ok=bool(packed[0]), path=path[:length], tokens=tokens + [packed[1]], ranks=ranks,
+                    widths=width_list[: depth + 1], contiguous=nodes == list(range(length)))
+
+
+def read_verdict(tree: DraftTree, verdict: Verdict) -> StepRead:
+    """The reference: the same record from a host-side verdict (several small reads)."""
+    path = verdict.accepted_path.to(tree.device)
+    nodes = path.tolist()
+    return StepRead(ok=True, path=path, tokens=tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)],
+                    ranks=tree.ranks[path[1:]].tolist(), widths=tree.width_per_depth(),
+                    contiguous=nodes == list(range(len(nodes))))
