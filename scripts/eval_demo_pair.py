@@ -91,6 +91,18 @@ def agreement(target, draft, prompts: list[torch.Tensor], new_tokens: int) -> tu
     return agree / max(1, total), total
 
 
+def repetition(target, tok, prompts: list[torch.Tensor], new_tokens: int) -> dict[str, int]:
+    """How often greedy continuations loop: prompts whose continuation repeats a complete
+    non-blank line at least 3 times, and prompts that repeat no line at all."""
+    looping = clean = 0
+    for ids in prompts:
+        lines = [l.strip() for l in tok.decode(greedy(target, ids, new_tokens)).split("\n")[:-1] if l.strip()]
+        worst = max((lines.count(l) for l in set(lines)), default=0)
+        looping += worst >= 3
+        clean += worst <= 1
+    return {"prompts": len(prompts), "looping": looping, "no_repeated_line": clean}
+
+
 def spec_taus(target, draft_path: str, prompts: list[torch.Tensor], new_tokens: int) -> dict[str, float]:
     """tau (tokens per target forward) of a few arms; also re-checks losslessness."""
     import specframe
@@ -150,6 +162,10 @@ def main() -> None:
     for p, ids in zip(lines[:3], prompts[:3]):
         text = tok.decode(greedy(target, ids, 128))
         print("=" * 72 + f"\n[question {p['question_id']} ({p['category']})]\n{p['turns'][0]}<<<GENERATED>>>{text}\n")
+
+    rep = repetition(target, tok, prompts, args.new_tokens)
+    print(f"== repetition over all {rep['prompts']} held-out prompts x {args.new_tokens} tokens: "
+          f"{rep['looping']} repeat a line 3+ times, {rep['no_repeated_line']} repeat no line\n")
 
     rate, positions = agreement(target, draft, prompts[: args.prompts], args.new_tokens)
     print(f"== draft/target greedy next-token agreement: {rate:.3f} over {positions} positions "
