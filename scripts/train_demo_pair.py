@@ -82,10 +82,14 @@ EOT = "<|endoftext|>"
 SEED = 1234
 HOLDOUT_MOD = 20
 SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+TEST_DIRS = {"test", "tests", "idle_test"}
 
 # ---------------------------------------------------------------- model sizes
 TARGET_CFG = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=4)
+# A larger target for longer runs (--target-size large, ~5M parameters).
+TARGET_CFG_LARGE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6,
+                        num_attention_heads=4, num_key_value_heads=4)
 DRAFT_CFG = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4)
 SMOKE_TARGET_CFG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -110,11 +114,12 @@ def log(msg: str, fh=None) -> None:
 
 
 # ---------------------------------------------------------------- data
-def list_stdlib_files() -> tuple[Path, list[str]]:
+def list_stdlib_files(with_tests: bool = False) -> tuple[Path, list[str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
+    skip = SKIP_DIRS - TEST_DIRS if with_tests else SKIP_DIRS
     rels = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        dirnames[:] = [d for d in dirnames if d not in skip]
         for fn in filenames:
             if fn.endswith(".py"):
                 rels.append(Path(dirpath, fn).relative_to(root).as_posix())
@@ -126,15 +131,25 @@ def is_heldout(rel: str) -> bool:
     return int(hashlib.sha1(rel.encode("utf-8")).hexdigest(), 16) % HOLDOUT_MOD == 0
 
 
-def read_split(smoke: bool):
-    root, rels = list_stdlib_files()
+def is_test(rel: str) -> bool:
+    return any(part in TEST_DIRS for part in rel.split("/")[:-1])
+
+
+def read_split(smoke: bool, with_tests: bool = False):
+    """(stdlib root, train files, held-out files). ``with_tests`` adds the stdlib's test code
+    (about 1.6x the library's bytes) to TRAINING only: held-out test files are dropped, so the
+    held-out set, its bits/byte and the prompts stay those of the library code."""
+    root, rels = list_stdlib_files(with_tests)
     train, held = [], []
     for rel in rels:
         try:
             text = (root / rel).read_bytes().decode("utf-8")
         except UnicodeDecodeError:
             continue
-        (held if is_heldout(rel) else train).append((rel, text))
+        if not is_heldout(rel):
+            train.append((rel, text))
+        elif not is_test(rel):
+            held.append((rel, text))
     if smoke:
         train, held = train[:60], held[:20]
     return root, train, held
@@ -229,7 +244,7 @@ def prepare(args) -> None:
 
     work = Path(args.work)
     done = work / "prep" / "done.json"
-    root, train, held = read_split(args.smoke)
+    root, train, held = read_split(args.smoke, args.with_tests)
     # Prompts are rewritten even when the token streams are cached: extraction is cheap
     # and deterministic, so a change to the prompt format needs no re-tokenisation.
     prompts = write_prompts(held, Path(args.prompts))
@@ -261,7 +276,8 @@ def prepare(args) -> None:
             "train_bytes": n_bytes, "bytes_per_token": n_bytes / len(train_ids),
             "num_prompts": len(prompts), "stdlib": str(root),
             "heldout_rule": f"int(sha1(relpath),16) % {HOLDOUT_MOD} == 0",
-            "skipped_dirs": sorted(SKIP_DIRS), "prep_seconds": time.time() - t0}
+            "skipped_dirs": sorted(SKIP_DIRS - TEST_DIRS if args.with_tests else SKIP_DIRS),
+            "test_code_in_training": args.with_tests, "prep_seconds": time.time() - t0}
     done.write_text(json.dumps(info, indent=1))
     log(f"prep done: {info}")
 
@@ -272,7 +288,7 @@ def model_config(which: str, args, tok):
 
     eot_id = tok.convert_tokens_to_ids(EOT)
     base = (SMOKE_TARGET_CFG if which == "target" else SMOKE_DRAFT_CFG) if args.smoke \
-        else (TARGET_CFG if which == "target" else DRAFT_CFG)
+        else ((TARGET_CFG_LARGE if args.target_size == "large" else TARGET_CFG) if which == "target" else DRAFT_CFG)
     return LlamaConfig(vocab_size=len(tok), max_position_embeddings=1024,
                        tie_word_embeddings=True, bos_token_id=eot_id, eos_token_id=eot_id,
                        pad_token_id=eot_id, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -507,6 +523,11 @@ def main() -> None:
     ap.add_argument("--prompts", default=None, help="prompts jsonl (default examples/prompts/code.jsonl)")
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--smoke", action="store_true", help="tiny end-to-end check (<1 min)")
+    ap.add_argument("--with-tests", action="store_true",
+                    help="also train on the stdlib's test code (held-out set and prompts unchanged); "
+                         "use a fresh --work dir: the tokenizer changes")
+    ap.add_argument("--target-size", choices=["small", "large"], default="small",
+                    help="small: 2.2M parameters (the shipped target); large: about 5M")
     ap.add_argument("--stage", choices=["all", "train"], default="all", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.smoke:
@@ -529,6 +550,7 @@ def main() -> None:
         base = [sys.executable, __file__, "--stage", "train", "--out", args.out, "--work", args.work,
                 "--prompts", args.prompts, "--vocab-size", str(args.vocab_size),
                 "--target-minutes", str(args.target_minutes), "--draft-minutes", str(args.draft_minutes)]
+        base += ["--target-size", args.target_size] + (["--with-tests"] if args.with_tests else [])
         if args.smoke:
             base.append("--smoke")
         procs = {w: subprocess.Popen(base + ["--which", w]) for w in ("target", "draft")}

@@ -180,3 +180,41 @@ def test_tokenizer_check_skips_what_it_cannot_compare(tmp_path):
     assert check_same_tokenizer(str(bare), str(bare)) is False
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_same_tokenizer(str(tmp_path / "missing"), str(bare))
+
+
+# ---------------------------------------------------------------------- the training script
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_training_script_smoke_run_writes_a_loadable_pair_from_the_held_out_split(tmp_path):
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "train_demo_pair.py"), "--smoke", "--with-tests",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["data"]["test_code_in_training"] is True
+    assert set(metrics["models"]) == {"target", "draft"}
+    assert all(m["heldout_bits_per_byte"] > 0 for m in metrics["models"].values())
+    target = load_causal_lm(str(tmp_path / "target"))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "target")
+    assert target.config.vocab_size == len(tok)
+    prompts = [json.loads(line) for line in (tmp_path / "prompts" / "code.jsonl").read_text().splitlines()]
+    assert prompts and all(p["turns"][0].rstrip().endswith(('"""', "'''")) for p in prompts)
+
+
+def test_test_code_joins_training_only():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_demo_pair", SCRIPTS / "train_demo_pair.py")
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)
+    _, train, held = trainer.read_split(smoke=False)
+    _, train_all, held_all = trainer.read_split(smoke=False, with_tests=True)
+    assert [r for r, _ in held_all] == [r for r, _ in held]  # same held-out set and prompts
+    assert not any(trainer.is_test(r) for r, _ in held_all)
+    assert any(trainer.is_test(r) for r, _ in train_all) and not any(trainer.is_test(r) for r, _ in train)
+    assert not {r for r, _ in train_all} & {r for r, _ in held_all}
