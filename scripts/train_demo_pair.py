@@ -34,7 +34,7 @@ Training
 --------
 Plain PyTorch float32 loop: AdamW (betas 0.9/0.95, wd 0.1 on matrices), linear
 warmup then cosine decay to 10% of peak *by elapsed wall-clock fraction of the time
-budget*, grad clip 1.0, one CPU thread per process (``torch.set_num_threads(1)``).
+budget*, grad clip 1.0, one CPU thread per process by default (``--threads``).
 Training stops when the accumulated wall-clock training time reaches the budget.
 Checkpoints (model + optimizer + RNG + step + elapsed) are written every 5 minutes to
 the work dir ``scripts/.demo-train/<which>/ckpt.pt``; re-running the same command
@@ -338,7 +338,7 @@ def train_one(which: str, args) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     work = Path(args.work)
     wdir = work / which
     wdir.mkdir(parents=True, exist_ok=True)
@@ -448,7 +448,7 @@ def train_one(which: str, args) -> None:
                   "max_position_embeddings", "tie_word_embeddings")},
               "hyperparameters": {**hp, "betas": list(hp["betas"]), "optimizer": "AdamW",
                                   "schedule": "linear warmup, cosine decay over wall-clock budget",
-                                  "budget_seconds": budget_s, "torch_threads": 1,
+                                  "budget_seconds": budget_s, "torch_threads": args.threads,
                                   "train_dtype": "float32", "saved_dtype": "bfloat16"},
               **ev}
     result_path.write_text(json.dumps(result, indent=1))
@@ -526,6 +526,8 @@ def main() -> None:
     ap.add_argument("--with-tests", action="store_true",
                     help="also train on the stdlib's test code (held-out set and prompts unchanged); "
                          "use a fresh --work dir: the tokenizer changes")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per training process (1: target and draft in parallel on 2 cores)")
     ap.add_argument("--target-size", choices=["small", "large"], default="small",
                     help="small: 2.2M parameters (the shipped target); large: about 5M")
     ap.add_argument("--stage", choices=["all", "train"], default="all", help=argparse.SUPPRESS)
@@ -550,7 +552,7 @@ def main() -> None:
         base = [sys.executable, __file__, "--stage", "train", "--out", args.out, "--work", args.work,
                 "--prompts", args.prompts, "--vocab-size", str(args.vocab_size),
                 "--target-minutes", str(args.target_minutes), "--draft-minutes", str(args.draft_minutes)]
-        base += ["--target-size", args.target_size] + (["--with-tests"] if args.with_tests else [])
+        base += ["--target-size", args.target_size, "--threads", str(args.threads)] + (["--with-tests"] if args.with_tests else [])
         if args.smoke:
             base.append("--smoke")
         procs = {w: subprocess.Popen(base + ["--which", w]) for w in ("target", "draft")}
