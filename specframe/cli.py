@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .options import describe_options
-from .plugins import KINDS, get_registry
+from .plugins import KINDS, SINGULAR, get_registry, normalise_dist
 
 
 @click.group()
@@ -205,13 +205,6 @@ globals().update(conformance_classes(dist={dist!r}, module=__name__))
 '''
 
 
-def _same_dist(a: str, b: str) -> bool:
-    """Distribution names compare as PEP 503 normalised names (``My_Dist`` == ``my-dist``)."""
-    import re
-
-    return re.sub(r"[-_.]+", "-", a).lower() == re.sub(r"[-_.]+", "-", b).lower()
-
-
 @cli.command("conformance", context_settings={"ignore_unknown_options": True})
 @click.option("--dist", "dist", default=None, metavar="NAME",
               help="Installed distribution whose plugins to check (default: every registered plugin).")
@@ -230,7 +223,7 @@ def conformance_command(dist: str | None, pytest_args: tuple[str, ...]) -> None:
 
     reg = get_registry()
     found = [(kind, info.name, info.dist) for kind in KINDS for info in reg.infos(kind)
-             if dist is None or _same_dist(info.dist, dist)]
+             if dist is None or normalise_dist(info.dist) == normalise_dist(dist)]
     if not found:
         dists = sorted({info.dist for kind in KINDS for info in reg.infos(kind)})
         raise click.ClickException(
@@ -239,7 +232,7 @@ def conformance_command(dist: str | None, pytest_args: tuple[str, ...]) -> None:
         )
     label = dist or "every distribution"
     click.echo(f"specframe conformance: {len(found)} plugin(s) of {label}: "
-               + ", ".join(f"{kind[:-1] if kind != 'policies' else 'policy'} {name}" for kind, name, _ in found))
+               + ", ".join(f"{SINGULAR[kind]} {name}" for kind, name, _ in found))
     with tempfile.TemporaryDirectory(prefix="specframe-conformance-") as tmp:
         module = Path(tmp) / "test_specframe_conformance.py"
         module.write_text(CONFORMANCE_MODULE.format(label=label, dist=dist), encoding="utf-8")

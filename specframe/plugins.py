@@ -7,6 +7,7 @@ plugins load, so an A/B run can pin exactly the code it compares. Unset or empty
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Iterable
@@ -39,6 +40,11 @@ class PluginInfo:
     cls: type
     dist: str
     version: str
+
+
+def normalise_dist(name: str) -> str:
+    """A distribution name in PEP 503 normal form (``My_Dist`` and ``my-dist`` compare equal)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def allowed_distributions() -> set[str] | None:

@@ -535,10 +535,6 @@ _BASES = {"policies": TreePolicyConformance, "drafters": DrafterConformance, "ve
 _PREFIX = {"policies": "Policy", "drafters": "Drafter", "verifiers": "Verifier"}
 
 
-def _normalise(dist: str) -> str:
-    return re.sub(r"[-_.]+", "-", dist).lower()
-
-
 def conformance_classes(dist: str | None = None, module: str | None = None,
                         kinds: Iterable[str] = ("policies", "drafters", "verifiers")) -> dict[str, type]:
     """One ``Test<Kind>_<name>`` conformance class per registered plugin (of ``dist`` if given).
@@ -547,18 +543,18 @@ def conformance_classes(dist: str | None = None, module: str | None = None,
     module's namespace (``globals().update(conformance_classes("my-dist", __name__))``).
     specframe's built-ins get their settings from :data:`fixtures.BUILTIN_SETTINGS`.
     """
-    from specframe.plugins import get_registry
+    from specframe.plugins import SINGULAR, get_registry, normalise_dist
 
     registry = get_registry()
     classes: dict[str, type] = {}
     for kind in kinds:
         for info in registry.infos(kind):
-            if dist is not None and _normalise(info.dist) != _normalise(dist):
+            if dist is not None and normalise_dist(info.dist) != normalise_dist(dist):
                 continue
             attrs: dict[str, Any] = {"plugin": info.name, "__module__": module or __name__,
-                                     "__doc__": f"Conformance of {kind[:-1] if kind != 'policies' else 'policy'} "
+                                     "__doc__": f"Conformance of {SINGULAR[kind]} "
                                                 f"{info.name!r} from {info.dist}."}
-            if _normalise(info.dist) == "specframe":
+            if normalise_dist(info.dist) == "specframe":
                 attrs.update(fx.BUILTIN_SETTINGS.get((kind, info.name), {}))
             name = f"Test{_PREFIX[kind]}_{re.sub(r'[^0-9A-Za-z_]', '_', info.name)}"
             classes[name] = type(name, (_BASES[kind],), attrs)
