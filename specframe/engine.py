@@ -224,9 +224,9 @@ class SpecDecoder:
         session = DraftSession(self.drafter, committed[-1], self.target.device, generator)
         limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
-        if len(tree) > limit:  # a host-side shape: checking it costs no device read
-            self._reject(tree, committed, limit)
-        if not self.fast:
+        # The fast path checks the tree's values on the device later, with the verdict; its
+        # shapes are known on the host now and must hold before anything indexes with them.
+        if not self.fast or not tree.shape_fits(limit):
             self._reject(tree, committed, limit)
         return tree, session, limit
 

@@ -16,6 +16,10 @@ Drafting = Literal["deterministic", "iid", "without_replacement"]
 DRAFTING_MODES: tuple[str, ...] = ("deterministic", "iid", "without_replacement")
 
 
+#: Per-node tensors that must all have shape ``[len(tree)]``.
+_NODE_FIELDS = ("parents", "depths", "logp", "ranks")
+
+
 class InvalidTreeError(ValueError):
     """A DraftTree violates one of its invariants; the message names which and where."""
 
@@ -179,7 +183,7 @@ class DraftTree:
         n = len(self)
         if n == 0:
             raise InvalidTreeError("tree is empty: it must contain at least the root")
-        for name in ("parents", "depths", "logp", "ranks"):
+        for name in _NODE_FIELDS:
             got = tuple(getattr(self, name).shape)
             if got != (n,):
                 raise InvalidTreeError(f"{name} has shape {got}, expected ({n},) like tokens")
@@ -216,13 +220,19 @@ class DraftTree:
         if budget is not None and n > budget:
             raise InvalidTreeError(f"tree has {n} nodes, over the budget of {budget} (root included)")
 
+    def shape_fits(self, budget: int) -> bool:
+        """``check_valid``'s host-side checks as a bool: non-empty, aligned shapes, within
+        ``budget``. Reads nothing from the device."""
+        n = len(self)
+        return 0 < n <= budget and all(tuple(getattr(self, f).shape) == (n,) for f in _NODE_FIELDS)
+
     def valid_flag(self) -> torch.Tensor:
         """0-dim bool tensor on the tree's device: ``check_valid``'s value invariants hold.
 
         Covers the root, topological order, depths, distinct sibling tokens and finite
         log-probs without reading anything back to the host, so the engine's fast path can
         fold it into the one read of its step; when it is False, ``check_valid`` names the
-        broken invariant. Shape and budget checks need no device data and are not included.
+        broken invariant. Shape and budget checks need no device data: see :meth:`shape_fits`.
         """
         n = len(self)
         idx = torch.arange(n, device=self.device)

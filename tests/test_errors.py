@@ -1,6 +1,6 @@
 """Bad input fails early with a message naming the problem, and nothing is half-done."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -93,6 +93,8 @@ def _add(tree, parents, tokens):
         (lambda t: t.add_nodes(torch.tensor([0]), torch.tensor([3]), torch.tensor([float("nan")])),
          "non-finite draft log-prob"),
         (lambda t: specframe.DraftTree.root(int(t.tokens[0]) + 1), "root token"),
+        (lambda t: replace(_add(t, [0], [3]), ranks=torch.zeros(1, dtype=torch.long)),
+         r"ranks has shape \(1,\), expected \(2,\)"),
     ],
 )
 @pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
