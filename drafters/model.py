@@ -120,17 +120,18 @@ class ModelDrafter(Drafter):
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None) -> None:
         """Keep the cache entries of the accepted path that were forwarded; drop the rest."""
+        emitted = [int(t) for t in tokens.tolist()]
         if self.tree_start is not None:
             keep: list[int] = []
-            emitted = [int(t) for t in tokens.tolist()]
             for depth in range(len(path) if path is not None else 0):
                 slot = self.slot_of_tokens.get(tuple(emitted[:depth]))
                 if slot is None:
                     break
                 keep.append(slot)
-            self.lm.keep(self.tree_start, torch.tensor(keep, dtype=torch.long))
+            self.lm.keep(self.tree_start, torch.tensor(keep, dtype=torch.long),
+                         contiguous=keep == list(range(len(keep))))  # known here: no device read
             self.cached = self.tree_start + len(keep)
-        self.committed += [int(t) for t in tokens.tolist()]
+        self.committed += emitted
         self._new_step()
 
 

@@ -277,7 +277,7 @@ def _decide_sampled(
             by_rank[rank].append(node)
     for group in by_rank:
         kids = torch.tensor(group, dtype=torch.long).to(probs.device)
-        par, tok = parents[kids], tokens[:, kids]  # each parent has at most one child of rank j
+        par, tok = parents[kids], tokens[:, kids]  # each parent has at most one child per rank
         live = accepted_child[:, par] < 0  # [S, m]: parents still testing children
         accept = live & (uniforms[:, kids] * proposal[draw, par, tok] < residual[draw, par, tok])
         accepted_child[:, par] = torch.where(accept, kids, accepted_child[:, par])
