@@ -10,24 +10,13 @@ the engine itself on the reference and on the fast path.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 
 import specframe
-from specframe.testing.host_reads import HostReadCounter
+from specframe.testing.host_reads import count_step_reads
 from specframe.testing.models import tiny_model
 
 POLICIES = ["chain", "static", "eagle", "talon", "opt-tree", "sequoia", "sampled-tree"]
-
-
-def _counted(fn: Callable, counter: HostReadCounter, outer: HostReadCounter | None = None) -> Callable:
-    """``fn`` counted by ``counter`` and hidden from ``outer`` (the engine's counter)."""
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if outer is None:
-            with counter:
-                return fn(*args, **kwargs)
-        with outer.paused(), counter:
-            return fn(*args, **kwargs)
-    return run
 
 
 def measure(target: Any, policy: str, fast: bool, tokens: int) -> dict[str, float]:
@@ -35,13 +24,8 @@ def measure(target: Any, policy: str, fast: bool, tokens: int) -> dict[str, floa
     verifier = ("sampling", {"temperature": 0.8, "seed": 1}) if policy == "sampled-tree" else "greedy"
     dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}), policy=policy,
                                       verifier=verifier, fast=fast)
-    engine, build, commit = HostReadCounter(), HostReadCounter(), HostReadCounter()
-    dec.policy.build = _counted(dec.policy.build, build, engine)
-    dec.drafter.commit = _counted(dec.drafter.commit, commit, engine)
-    dec._step = _counted(dec._step, engine)
-    out = dec.generate([5, 6, 7], max_new_tokens=tokens, eos_token_id=None)
-    n = len(out.steps)
-    return {"delta": out.delta, "policy": build.total / n, "commit": commit.total / n, "engine": engine.total / n}
+    reads = count_step_reads(dec, [5, 6, 7], tokens)
+    return {k: v / reads["steps"] if k in ("policy", "commit", "engine") else v for k, v in reads.items()}
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import specframe
-from specframe.testing.host_reads import HostReadCounter
+from specframe.testing.host_reads import HostReadCounter, count_step_reads
 from specframe.testing.models import tiny_model
 
 
@@ -20,25 +20,10 @@ def target():
     return tiny_model("llama", seed=3)
 
 
-def _engine_reads(decoder: specframe.SpecDecoder, prompt: list[int], **kw) -> tuple[int, int]:
+def _engine_reads(decoder: specframe.SpecDecoder, prompt: list[int]) -> tuple[int, int]:
     """(steps, host reads made by the engine itself inside its steps)."""
-    counter = HostReadCounter()
-    step, build, commit = decoder._step, decoder.policy.build, decoder.drafter.commit
-
-    def paused(fn):
-        def run(*a, **k):
-            with counter.paused():
-                return fn(*a, **k)
-        return run
-
-    def counted_step(*a, **k):
-        with counter:
-            return step(*a, **k)
-
-    decoder.policy.build, decoder.drafter.commit = paused(build), paused(commit)
-    decoder._step = counted_step
-    out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=None, **kw)
-    return len(out.steps), counter.total
+    reads = count_step_reads(decoder, prompt, max_new_tokens=24)
+    return reads["steps"], reads["engine"]
 
 
 @pytest.mark.parametrize("policy", ["chain", "talon", "eagle"])

@@ -55,3 +55,28 @@ class HostReadCounter(TorchFunctionMode):
         if not self._paused and (name in _READS or (name == "__getitem__" and _bool_mask_index(args))):
             self.counts[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _counted(fn: Any, counter: HostReadCounter, hidden_from: HostReadCounter | None = None) -> Any:
+    """``fn`` counted by ``counter`` (and, if given, not by ``hidden_from``)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if hidden_from is None:
+            with counter:
+                return fn(*args, **kwargs)
+        with hidden_from.paused(), counter:
+            return fn(*args, **kwargs)
+    return run
+
+
+def count_step_reads(decoder: Any, prompt: list[int], max_new_tokens: int) -> dict[str, float]:
+    """Generate once and return the host reads made over all steps: ``policy``
+    (``policy.build``, the drafter's ``expand`` included), ``commit`` (``drafter.commit``) and
+    ``engine`` (the rest of the step, verifier included), plus ``steps`` and ``delta``.
+    Patches ``decoder``'s instances in place."""
+    engine, build, commit = HostReadCounter(), HostReadCounter(), HostReadCounter()
+    decoder.policy.build = _counted(decoder.policy.build, build, engine)
+    decoder.drafter.commit = _counted(decoder.drafter.commit, commit, engine)
+    decoder._step = _counted(decoder._step, engine)
+    out = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_id=None)
+    return {"steps": len(out.steps), "delta": out.delta, "policy": build.total, "commit": commit.total,
+            "engine": engine.total}
