@@ -76,11 +76,10 @@ def greedy(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return out[0, len(ids) :]
 
 
-def agreement(target, draft, prompts: list[torch.Tensor], new_tokens: int) -> tuple[float, int]:
-    """Fraction of positions of the target's greedy generations where the draft's argmax agrees."""
+def agreement(draft, prompts: list[torch.Tensor], continuations: list[torch.Tensor]) -> tuple[float, int]:
+    """Fraction of positions of the target's greedy ``continuations`` where the draft's argmax agrees."""
     agree = total = 0
-    for ids in prompts:
-        new = greedy(target, ids, new_tokens)
+    for ids, new in zip(prompts, continuations):
         if len(new) == 0:
             continue
         seq = torch.cat([ids, new])[None]
@@ -91,16 +90,16 @@ def agreement(target, draft, prompts: list[torch.Tensor], new_tokens: int) -> tu
     return agree / max(1, total), total
 
 
-def repetition(target, tok, prompts: list[torch.Tensor], new_tokens: int) -> dict[str, int]:
+def repetition(tok, continuations: list[torch.Tensor]) -> dict[str, int]:
     """How often greedy continuations loop: prompts whose continuation repeats a complete
     non-blank line at least 3 times, and prompts that repeat no line at all."""
     looping = clean = 0
-    for ids in prompts:
-        lines = [l.strip() for l in tok.decode(greedy(target, ids, new_tokens)).split("\n")[:-1] if l.strip()]
+    for new in continuations:
+        lines = [l.strip() for l in tok.decode(new).split("\n")[:-1] if l.strip()]
         worst = max((lines.count(l) for l in set(lines)), default=0)
         looping += worst >= 3
         clean += worst <= 1
-    return {"prompts": len(prompts), "looping": looping, "no_repeated_line": clean}
+    return {"prompts": len(continuations), "looping": looping, "no_repeated_line": clean}
 
 
 def spec_taus(target, draft_path: str, prompts: list[torch.Tensor], new_tokens: int) -> dict[str, float]:
@@ -163,11 +162,13 @@ def main() -> None:
         text = tok.decode(greedy(target, ids, 128))
         print("=" * 72 + f"\n[question {p['question_id']} ({p['category']})]\n{p['turns'][0]}<<<GENERATED>>>{text}\n")
 
-    rep = repetition(target, tok, prompts, args.new_tokens)
+    # One greedy continuation per prompt serves the repetition count and the agreement.
+    continuations = [greedy(target, ids, args.new_tokens) for ids in prompts]
+    rep = repetition(tok, continuations)
     print(f"== repetition over all {rep['prompts']} held-out prompts x {args.new_tokens} tokens: "
           f"{rep['looping']} repeat a line 3+ times, {rep['no_repeated_line']} repeat no line\n")
 
-    rate, positions = agreement(target, draft, prompts[: args.prompts], args.new_tokens)
+    rate, positions = agreement(draft, prompts[: args.prompts], continuations[: args.prompts])
     print(f"== draft/target greedy next-token agreement: {rate:.3f} over {positions} positions "
           f"({min(args.prompts, len(prompts))} held-out prompts x {args.new_tokens} tokens; expected 0.5-0.85)")
 

@@ -114,9 +114,14 @@ def log(msg: str, fh=None) -> None:
 
 
 # ---------------------------------------------------------------- data
+def skipped_dirs(with_tests: bool) -> set[str]:
+    """Directory names whose files never enter the corpus."""
+    return SKIP_DIRS - TEST_DIRS if with_tests else SKIP_DIRS
+
+
 def list_stdlib_files(with_tests: bool = False) -> tuple[Path, list[str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = SKIP_DIRS - TEST_DIRS if with_tests else SKIP_DIRS
+    skip = skipped_dirs(with_tests)
     rels = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in skip]
@@ -276,7 +281,7 @@ def prepare(args) -> None:
             "train_bytes": n_bytes, "bytes_per_token": n_bytes / len(train_ids),
             "num_prompts": len(prompts), "stdlib": str(root),
             "heldout_rule": f"int(sha1(relpath),16) % {HOLDOUT_MOD} == 0",
-            "skipped_dirs": sorted(SKIP_DIRS - TEST_DIRS if args.with_tests else SKIP_DIRS),
+            "skipped_dirs": sorted(skipped_dirs(args.with_tests)),
             "test_code_in_training": args.with_tests, "prep_seconds": time.time() - t0}
     done.write_text(json.dumps(info, indent=1))
     log(f"prep done: {info}")
