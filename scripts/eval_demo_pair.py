@@ -76,20 +76,6 @@ def greedy(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return out[0, len(ids) :]
 
 
-def agreement(draft, prompts: list[torch.Tensor], continuations: list[torch.Tensor]) -> tuple[float, int]:
-    """Fraction of positions of the target's greedy ``continuations`` where the draft's argmax agrees."""
-    agree = total = 0
-    for ids, new in zip(prompts, continuations):
-        if len(new) == 0:
-            continue
-        seq = torch.cat([ids, new])[None]
-        with torch.no_grad():
-            pred = draft(input_ids=seq).logits[0, len(ids) - 1 : -1].argmax(-1)
-        agree += int((pred == new).sum())
-        total += len(new)
-    return agree / max(1, total), total
-
-
 def repetition(tok, continuations: list[torch.Tensor]) -> dict[str, int]:
     """How often greedy continuations loop: prompts whose continuation repeats a complete
     non-blank line at least 3 times, and prompts that repeat no line at all."""
@@ -168,7 +154,11 @@ def main() -> None:
     print(f"== repetition over all {rep['prompts']} held-out prompts x {args.new_tokens} tokens: "
           f"{rep['looping']} repeat a line 3+ times, {rep['no_repeated_line']} repeat no line\n")
 
-    rate, positions = agreement(draft, prompts[: args.prompts], continuations[: args.prompts])
+    sys.path.insert(0, str(REPO / "scripts"))
+    from train_demo_pair import greedy_agreement
+
+    agree, positions = greedy_agreement(draft, prompts[: args.prompts], continuations[: args.prompts])
+    rate = agree / max(1, positions)
     print(f"== draft/target greedy next-token agreement: {rate:.3f} over {positions} positions "
           f"({min(args.prompts, len(prompts))} held-out prompts x {args.new_tokens} tokens; expected 0.5-0.85)")
 

@@ -461,6 +461,22 @@ def train_one(which: str, args) -> None:
 
 
 # ---------------------------------------------------------------- final checks
+def greedy_agreement(draft, prompts: list, continuations: list) -> tuple[int, int]:
+    """(agreeing positions, positions): where the draft's argmax equals the target's token along
+    the target's own greedy ``continuations`` of ``prompts`` (1-D token tensors)."""
+    import torch
+
+    agree = total = 0
+    for ids, new in zip(prompts, continuations):
+        if len(new) == 0:
+            continue
+        with torch.no_grad():
+            pred = draft(input_ids=torch.cat([ids, new])[None]).logits[0, len(ids) - 1 : -1].argmax(-1)
+        agree += int((pred == new).sum())
+        total += len(new)
+    return agree, total
+
+
 def finalize(args) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -485,22 +501,18 @@ def finalize(args) -> None:
                  if "draft" in have else None)
         eot = tok.convert_tokens_to_ids(EOT)
         n_new = 16 if args.smoke else 96
-        samples, agree, total = [], 0, 0
+        samples, prompt_ids, continuations = [], [], []
         for p in prompts[:10]:
-            ids = torch.tensor([tok(p["turns"][0], add_special_tokens=False)["input_ids"]])
+            ids = torch.tensor(tok(p["turns"][0], add_special_tokens=False)["input_ids"])
             with torch.no_grad():
-                g = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                g = target.generate(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]),
                                     max_new_tokens=n_new, do_sample=False, pad_token_id=eot)
-            new = g[0, ids.shape[1]:]
+            prompt_ids.append(ids)
+            continuations.append(g[0, len(ids):])
             if len(samples) < 3:
                 samples.append({"question_id": p["question_id"], "prompt": p["turns"][0],
-                                "target_greedy": tok.decode(new)})
-            if draft is not None and len(new) > 0:
-                with torch.no_grad():
-                    dl = draft(input_ids=g).logits[0]
-                pred = dl[ids.shape[1] - 1: g.shape[1] - 1].argmax(-1)
-                agree += (pred == new).sum().item()
-                total += len(new)
+                                "target_greedy": tok.decode(continuations[-1])})
+        agree, total = greedy_agreement(draft, prompt_ids, continuations) if draft is not None else (0, 0)
         for s in samples:
             print("=" * 70 + f"\nPROMPT {s['question_id']}:\n{s['prompt']}\n--- target greedy:\n{s['target_greedy']}\n", flush=True)
         metrics["target_greedy_samples"] = samples
