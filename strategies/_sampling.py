@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specframe.interfaces import DraftSession
+from specframe.rng import on_generator, uniforms
 
 
 def session_generator(session: DraftSession, own: torch.Generator | None) -> torch.Generator | None:
@@ -23,16 +24,6 @@ def draft_distribution(logp: torch.Tensor) -> torch.Tensor:
     """The raw draft softmax q (no draft temperature) as float64 rows summing to 1."""
     q = logp.to(torch.float64).exp()
     return q / q.sum(dim=-1, keepdim=True)
-
-
-def _on_generator(shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
-    """An empty float64 tensor on the generator's device (CPU for the global generator)."""
-    return torch.empty(shape, dtype=torch.float64, device=generator.device if generator is not None else "cpu")
-
-
-def uniforms(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """float64 uniforms in [0, 1) drawn on the generator's device, moved to ``device``."""
-    return _on_generator(shape, generator).uniform_(generator=generator).to(device)
 
 
 def sample_iid(q: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -57,7 +48,7 @@ def sample_without_replacement(
     has fewer than k tokens of positive mass.
     """
     k = min(int(k), q.shape[-1])
-    race = _on_generator(tuple(q.shape), generator).exponential_(generator=generator)
+    race = on_generator(tuple(q.shape), generator).exponential_(generator=generator)
     keys = q / race.to(q.device).clamp(min=torch.finfo(torch.float64).tiny)  # larger = earlier
     top = torch.topk(keys, k, dim=-1, sorted=True)
     return top.indices, top.values > 0

@@ -30,6 +30,7 @@ import torch
 
 from specframe.interfaces import Verdict, Verifier
 from specframe.options import require
+from specframe import rng
 from specframe.tree import DRAFTING_MODES, DraftTree
 
 
@@ -93,16 +94,6 @@ def target_probs(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor
     """Warped target distribution ``[n, V]`` in float64 (decisions are made in float64)."""
     warped = warp_logits(logits, options.temperature, options.top_k, options.top_p)
     return torch.softmax(warped.to(torch.float64), dim=-1)
-
-
-def draw_uniforms(num_nodes: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
-    """``num_nodes`` float64 uniforms in [0, 1): u[0] for the bonus, u[i] for node i's test.
-
-    Drawn on the generator's device (CPU for the global generator) and moved to ``device``.
-    """
-    gen_device = generator.device if generator is not None else "cpu"
-    u = torch.rand(num_nodes, generator=generator, dtype=torch.float64, device=gen_device)
-    return u.to(device)
 
 
 # ---------------------------------------------------------------------------- shared pieces
@@ -379,7 +370,7 @@ class SamplingVerifier(Verifier):
     def _inputs(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None):
         probs = target_probs(target_logits, self.options)
         gen = generator if generator is not None else self.generator
-        return probs, draw_uniforms(len(tree), gen, probs.device)
+        return probs, rng.uniforms(len(tree), gen, probs.device)  # u[0]: bonus; u[i]: node i
 
 
 class SamplingReferenceVerifier(SamplingVerifier):
