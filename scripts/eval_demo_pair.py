@@ -7,6 +7,9 @@ Prints:
   the same held-out split (files with ``int(sha1(relpath), 16) % 20 == 0`` of this Python's
   stdlib; see scripts/train_demo_pair.py);
 * the target's greedy continuations of 3 held-out prompts (examples/prompts/code.jsonl), in full;
+* how often greedy continuations of all held-out prompts loop (a line repeated 3+ times), over
+  the whole continuation and over the function body alone (cut where a code-completion
+  harness would stop);
 * greedy next-token agreement of the draft with the target along the target's own greedy
   generations on the held-out prompts;
 * tau of a few SpecDecoder arms on 3 prompts, and the asset directory's size (limit 15 MB).
@@ -76,16 +79,26 @@ def greedy(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return out[0, len(ids) :]
 
 
-def repetition(tok, continuations: list[torch.Tensor]) -> dict[str, int]:
-    """How often greedy continuations loop: prompts whose continuation repeats a complete
-    non-blank line at least 3 times, and prompts that repeat no line at all."""
+def function_body(text: str) -> str:
+    """``text`` up to the first non-blank line back at column 0: the body of the function the
+    prompt opened (HumanEval-style code completions stop at the same place)."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() and not line[0].isspace():
+            return "\n".join(lines[:i]) + "\n"
+    return text
+
+
+def repetition(texts: list[str]) -> dict[str, int]:
+    """How often greedy continuations loop: texts that repeat a complete non-blank line at least
+    3 times, and texts that repeat no line at all (an unfinished last line is not counted)."""
     looping = clean = 0
-    for new in continuations:
-        lines = [l.strip() for l in tok.decode(new).split("\n")[:-1] if l.strip()]
+    for text in texts:
+        lines = [l.strip() for l in text.split("\n")[:-1] if l.strip()]
         worst = max((lines.count(l) for l in set(lines)), default=0)
         looping += worst >= 3
         clean += worst <= 1
-    return {"prompts": len(continuations), "looping": looping, "no_repeated_line": clean}
+    return {"prompts": len(texts), "looping": looping, "no_repeated_line": clean}
 
 
 def spec_taus(target, draft_path: str, prompts: list[torch.Tensor], new_tokens: int) -> dict[str, float]:
@@ -150,9 +163,14 @@ def main() -> None:
 
     # One greedy continuation per prompt serves the repetition count and the agreement.
     continuations = [greedy(target, ids, args.new_tokens) for ids in prompts]
-    rep = repetition(tok, continuations)
-    print(f"== repetition over all {rep['prompts']} held-out prompts x {args.new_tokens} tokens: "
-          f"{rep['looping']} repeat a line 3+ times, {rep['no_repeated_line']} repeat no line\n")
+    texts = [tok.decode(new) for new in continuations]
+    bodies = [function_body(t) for t in texts]
+    for label, rep in (("whole continuations", repetition(texts)), ("function bodies only", repetition(bodies))):
+        print(f"== repetition over all {rep['prompts']} held-out prompts x {args.new_tokens} tokens, {label}: "
+              f"{rep['looping']} repeat a line 3+ times, {rep['no_repeated_line']} repeat no line")
+    ended = sum(b != t for b, t in zip(bodies, texts))
+    print(f"   ({ended} of {len(texts)} bodies end within the {args.new_tokens} tokens; "
+          f"median body {sorted(len(b.splitlines()) for b in bodies)[len(bodies) // 2]} lines)\n")
 
     sys.path.insert(0, str(REPO / "scripts"))
     from train_demo_pair import greedy_agreement

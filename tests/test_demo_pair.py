@@ -206,15 +206,34 @@ def test_training_script_smoke_run_writes_a_loadable_pair_from_the_held_out_spli
     assert prompts and all(p["turns"][0].rstrip().endswith(('"""', "'''")) for p in prompts)
 
 
-def test_test_code_joins_training_only():
+def load_script(name: str):
+    """A script under scripts/ imported as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_demo_pair", SCRIPTS / "train_demo_pair.py")
-    trainer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trainer)
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_test_code_joins_training_only():
+    trainer = load_script("train_demo_pair")
     _, train, held = trainer.read_split(smoke=False)
     _, train_all, held_all = trainer.read_split(smoke=False, with_tests=True)
     assert [r for r, _ in held_all] == [r for r, _ in held]  # same held-out set and prompts
     assert not any(trainer.is_test(r) for r, _ in held_all)
     assert any(trainer.is_test(r) for r, _ in train_all) and not any(trainer.is_test(r) for r, _ in train)
     assert not {r for r, _ in train_all} & {r for r, _ in held_all}
+
+
+def test_loop_count_sees_loops_inside_and_after_the_function_body():
+    evaluate = load_script("eval_demo_pair")
+    body = "\n    if x:\n        return x\n    return None\n"
+    after = "def g(y):\n    return y\n    return y\n    return y\n"
+    assert evaluate.function_body(body + after) == body
+    assert evaluate.function_body(body) == body  # no end within the tokens: all of it
+    looping_body = "\n" + "    x = x + 1\n" * 3 + "    retu"
+    reps = evaluate.repetition([body + after, body, looping_body])
+    assert reps == {"prompts": 3, "looping": 2, "no_repeated_line": 1}
+    cut = evaluate.repetition([evaluate.function_body(t) for t in (body + after, body, looping_body)])
+    assert cut == {"prompts": 3, "looping": 1, "no_repeated_line": 2}
