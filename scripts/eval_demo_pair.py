@@ -36,6 +36,10 @@ DEFAULT_ASSETS = REPO / "specframe" / "assets" / "demo-pair"
 PROMPTS = REPO / "examples" / "prompts" / "code.jsonl"
 SIZE_LIMIT_MB = 15.0
 
+# The trainer's split, tokens and evaluation code are the definitions these figures must match.
+sys.path.insert(0, str(REPO / "scripts"))
+import train_demo_pair as trainer  # noqa: E402
+
 
 def load_pair(assets: Path):
     """Target, draft (float32) and the shared tokenizer from ``assets``."""
@@ -50,9 +54,6 @@ def load_pair(assets: Path):
 
 def recompute_bits_per_byte(models: dict, tok, eval_tokens: int) -> dict[str, float]:
     """Held-out bits/byte of each model with the trainer's own split and evaluation code."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import train_demo_pair as trainer
-
     _, _, held = trainer.read_split(smoke=False)
     eot = tok.convert_tokens_to_ids(trainer.EOT)
     ids: list[int] = []
@@ -172,10 +173,7 @@ def main() -> None:
     print(f"   ({ended} of {len(texts)} bodies end within the {args.new_tokens} tokens; "
           f"median body {sorted(len(b.splitlines()) for b in bodies)[len(bodies) // 2]} lines)\n")
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from train_demo_pair import greedy_agreement
-
-    agree, positions = greedy_agreement(draft, prompts[: args.prompts], continuations[: args.prompts])
+    agree, positions = trainer.greedy_agreement(draft, prompts[: args.prompts], continuations[: args.prompts])
     rate = agree / max(1, positions)
     print(f"== draft/target greedy next-token agreement: {rate:.3f} over {positions} positions "
           f"({min(args.prompts, len(prompts))} held-out prompts x {args.new_tokens} tokens; expected 0.5-0.85)")

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specframe import rng
 from specframe.interfaces import Verdict, Verifier
 from specframe.options import require
-from specframe import rng
 from specframe.tree import DRAFTING_MODES, DraftTree
 
 
