@@ -25,6 +25,7 @@ _EXPORTS = {
     "register_plugin": "plugins",
     "TargetModel": "target", "UnsupportedModelError": "target", "load_causal_lm": "target",
     "DraftTree": "tree", "InvalidTreeError": "tree",
+    "top_indices": "selection", "topk_per_row": "selection",
 }
 
 __all__ = sorted(_EXPORTS)

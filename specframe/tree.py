@@ -72,7 +72,15 @@ class DraftTree:
     ) -> "DraftTree":
         """Return a new tree with nodes appended (parents must already be in the tree).
 
-        ``parents`` index existing nodes; ``logp`` is the new nodes' cumulative log-prob.
+        ``parents`` index existing nodes (``0 <= parent < len(self)``; a node added in the same
+        call cannot be a parent yet: add one layer per call). ``logp`` is the new nodes'
+        cumulative log-prob. ``ranks`` is each node's rank among its parent's candidates by
+        draft probability (0 = most likely, ties to the lower token id as
+        :func:`specframe.topk_per_row` returns them); omitted, they are -1 (unknown) and the
+        report's acceptance-by-rank histogram leaves the nodes out.
+
+        Raises :class:`InvalidTreeError` when a parent is not in the tree (CPU trees; on other
+        devices the check would cost a device read, so the engine's validity check names it).
         """
         parents = parents.to(self.parents.device, torch.long)
         if ranks is None:
@@ -81,11 +89,27 @@ class DraftTree:
             self,
             tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
-            depths=torch.cat([self.depths, self.depths[parents] + 1]),
+            depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
             logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
             ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
             _cache={},
         )
+
+    def _parent_depths(self, parents: torch.Tensor) -> torch.Tensor:
+        """Depths of ``parents``, refusing indices outside the tree without a device read."""
+        n = len(self)
+        if parents.device.type != "cpu":
+            # Out-of-range indices would be a device-side assert: clamp, and let valid_flag /
+            # check_valid (parents[i] < i) name the broken node before anything uses the tree.
+            return self.depths[parents.clamp(0, n - 1)]
+        try:
+            return self.depths[parents]
+        except IndexError:
+            bad = [int(p) for p in parents.tolist() if not -n <= p < n]
+            raise InvalidTreeError(
+                f"add_nodes(): parent {bad[0]} is not in the tree (it has {n} nodes, indices 0..{n - 1}); "
+                "parents must be added before their children, one layer per add_nodes call"
+            ) from None
 
     def select(self, keep: torch.Tensor) -> "DraftTree":
         """Sub-tree of the nodes in ``keep`` (indices, must include 0 and be ancestor-closed).

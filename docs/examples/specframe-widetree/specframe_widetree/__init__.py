@@ -32,15 +32,16 @@ class WideTreePolicy(specframe.TreePolicy):
         budget = min(budget, self.budget)
         while len(tree) < budget:
             logp = session.expand(tree, frontier)                             # ONE draft forward per layer
-            scores = tree.logp[frontier, None].double() + logp.double().clamp(max=0)   # cumulative log-prob
-            k = min(self.options.width, budget - len(tree), scores.numel())
-            best = torch.topk(scores.flatten(), k)
-            keep = torch.isfinite(best.values)                                # never draft a -inf token
-            if not bool(keep.any()):
+            k = min(self.options.width, budget - len(tree))
+            values, tokens, ranks = specframe.topk_per_row(logp, k)           # per-row top-k, tie rule kept
+            scores = tree.logp[frontier, None].double() + values.double().clamp(max=0)   # cumulative log-prob
+            best = specframe.top_indices(scores.flatten(), k)                 # finite only; ties: lower row, token
+            if len(best) == 0:                                                # never draft a -inf token
                 break
-            flat, vocab = best.indices[keep], logp.shape[-1]
-            tree = tree.add_nodes(frontier[flat // vocab], flat % vocab, best.values[keep])
-            frontier = torch.arange(len(tree) - len(flat), len(tree), device=tree.device)
+            rows = best // values.shape[1]
+            tree = tree.add_nodes(frontier[rows], tokens.flatten()[best], scores.flatten()[best],
+                                  ranks=ranks.flatten()[best])
+            frontier = torch.arange(len(tree) - len(best), len(tree), device=tree.device)
         return tree
 
 
