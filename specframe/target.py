@@ -3,6 +3,11 @@
 The same adapter runs the target and model-based drafters. A tree goes through the model in one
 forward with an explicit 4D mask (prefix fully visible, tree part = ancestor mask) and explicit
 position ids; afterwards the cache keeps exactly the prefix plus the accepted path.
+
+Sliding-window layers (Mistral, Gemma 2/3, Qwen with SWA, ...) get their own mask: a query at
+position p sees a key at position k only if ``p - k < sliding_window``, as in the model's own
+decoding. Hybrid models (``config.layer_types``) get one mask per layer type in a dict. Every
+layer's cache keeps all positions, so compaction is the same for every layer type.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from typing import Any
 import torch
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+SUPPORTED_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 
 @functools.cache  # one class for the process: torch.compile guards on the cache layer's type
@@ -78,6 +86,57 @@ def _architecture(model: Any) -> str:
     return archs[0]
 
 
+def layer_types(config: Any) -> tuple[str, ...]:
+    """The attention type of every decoder layer, as transformers names them.
+
+    ``config.layer_types`` when the config has it (Gemma 2/3, Qwen2/3, ...); otherwise every
+    layer slides when the config sets a ``sliding_window`` (Mistral, Phi-3, ...; Qwen's
+    ``use_sliding_window=False`` turns it off), else every layer attends to everything.
+    """
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return tuple(types)
+    n = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 1)
+    sliding = getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)
+    return (SLIDING_ATTENTION if sliding else FULL_ATTENTION,) * n
+
+
+def _takes_mask_dict(model: Any) -> bool:
+    """Whether the model's decoder accepts ``{layer type: 4D mask}`` as its attention mask.
+
+    transformers' hybrid models test ``isinstance(attention_mask, dict)`` in their decoder's
+    forward; older or custom ones do not, and would apply one mask to every layer.
+    """
+    decoder = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    try:
+        source = inspect.getsource(type(decoder).forward)
+    except (OSError, TypeError):
+        return False
+    return "attention_mask, dict" in source or "isinstance(attention_mask, dict)" in source
+
+
+def _check_layer_types(model: Any, architecture: str, types: tuple[str, ...]) -> None:
+    """Refuse layer types a tree mask cannot express, and hybrids that take one mask only."""
+    local = getattr(model.config, "attention_layers", None) or ()
+    if "local" in local:  # GPT-Neo
+        raise UnsupportedModelError(
+            f"{architecture}: its local-attention layers apply their window by cache index inside "
+            "the attention, not through the mask, so tree nodes would see the wrong prefix"
+        )
+    odd = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
+    if odd:
+        raise UnsupportedModelError(
+            f"{architecture}: layers of type {odd} (recurrent, chunked or linear attention) cannot "
+            f"verify a tree with one mask and a compactable KV cache; supported: {SUPPORTED_LAYER_TYPES}"
+        )
+    if len(set(types)) > 1 and not _takes_mask_dict(model):
+        raise UnsupportedModelError(
+            f"{architecture}: mixes {sorted(set(types))} layers but its forward takes one attention "
+            "mask for all of them (no per-layer-type mask dict), so sliding layers would see too much"
+        )
+
+
 class TargetModel:
     """Stateful wrapper over one transformers causal LM and its KV cache (batch size 1).
 
@@ -105,13 +164,19 @@ class TargetModel:
         self.device: torch.device = param.device
         self.dtype: torch.dtype = param.dtype
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
-        cfg = model.config
+        cfg = model.config.get_text_config()
+        # A sliding window does not bound the context: the window mask is built per query.
         self.max_positions: int = int(
             getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 1 << 30
         )
-        window = getattr(cfg, "sliding_window", None)
-        if window and getattr(cfg, "use_sliding_window", True):
-            self.max_positions = min(self.max_positions, int(window))
+        self.layer_types = layer_types(model.config)
+        _check_layer_types(model, self.architecture, self.layer_types)
+        self.sliding_window: int | None = (
+            int(cfg.sliding_window) if SLIDING_ATTENTION in self.layer_types else None
+        )
+        # Positions of the cache entries (only tracked when a layer slides): after compaction a
+        # drafter's cache tail holds tree nodes whose position is not their index.
+        self._kv_positions: torch.Tensor | None = None
         self.eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.cache: Any = None
         self.cache_len = 0
@@ -148,6 +213,7 @@ class TargetModel:
             n_layers = self.model.config.get_text_config().num_hidden_layers
             self.cache = Cache(layers=[layer_cls(capacity) for _ in range(n_layers)])
         self.cache_len = 0
+        self._kv_positions = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def keep(self, start: int, slots: torch.Tensor, contiguous: bool | None = None) -> None:
@@ -175,26 +241,55 @@ class TargetModel:
                 idx = slots + start
                 layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., idx, :]], dim=-2)
                 layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., idx, :]], dim=-2)
+        if self.sliding_window is not None:
+            kept = self._kv_positions[: start + n] if contiguous else torch.cat(
+                [self._kv_positions[:start], self._kv_positions[start + slots]])
+            self._kv_positions = kept
         self.cache_len = start + n
 
     # ------------------------------------------------------------------ forwards
-    def _mask(self, new_mask: torch.Tensor) -> torch.Tensor:
-        """4D mask ``[1, 1, q, cache_len + q]`` from a mask over the cache's tail + new tokens.
+    def _visibility(self, new_mask: torch.Tensor) -> torch.Tensor:
+        """Bool ``[q, cache_len + q]``: ``new_mask`` over the cache's tail + new tokens, every
+        earlier cache entry (the committed prefix) visible to all.
 
         ``new_mask`` is ``[q, t + q]``: its columns are the last ``t`` cache entries followed by
-        the new tokens; every earlier cache entry (the committed prefix) is visible to all.
+        the new tokens.
         """
         q, cols = new_mask.shape
         visible = self.cache_len + q - cols
-        full = torch.cat(
+        return torch.cat(
             [torch.ones(q, visible, dtype=torch.bool, device=self.device), new_mask.to(self.device)],
             dim=1,
-        )[None, None]
+        )
+
+    def _windowed(self, full: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``full`` restricted to keys less than ``sliding_window`` positions behind each query
+        (transformers' ``sliding_window_overlay``: kv > q - window), by position, not by cache
+        index, so deep tree nodes also lose their far ancestors, as in plain decoding."""
+        keys = torch.cat([self._kv_positions, positions])
+        return full & ((positions[:, None] - keys[None, :]) < self.sliding_window)
+
+    def _as_attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """The 4D mask the attention implementation takes: bool (SDPA) or additive float (eager)."""
         if self.attn_implementation == "sdpa":
-            return full
+            return visible[None, None]
         # Eager adds the mask to the scores, so it needs an additive float mask in the model dtype.
         zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        return torch.where(full, zero, torch.finfo(self.dtype).min)
+        return torch.where(visible, zero, torch.finfo(self.dtype).min)[None, None]
+
+    def _mask(self, new_mask: torch.Tensor, positions: torch.Tensor | None = None) -> Any:
+        """The attention mask for ``new_mask`` (see :meth:`_visibility`) at ``positions``.
+
+        One 4D tensor ``[1, 1, q, cache_len + q]`` when all layers attend alike, otherwise a dict
+        ``{layer type: 4D mask}`` (transformers' hybrid models pick their layer's entry).
+        """
+        full = self._visibility(new_mask)
+        if self.sliding_window is None:
+            return self._as_attention_mask(full)
+        sliding = self._as_attention_mask(self._windowed(full, positions.to(self.device)))
+        if FULL_ATTENTION not in self.layer_types:
+            return sliding
+        return {FULL_ATTENTION: self._as_attention_mask(full), SLIDING_ATTENTION: sliding}
 
     @torch.inference_mode()
     def forward(
@@ -220,14 +315,18 @@ class TargetModel:
         top = int(positions.max()) if max_position is None else max_position
         if top >= self.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.max_positions} positions")
+        positions = positions.to(self.device)
+        mask = self._mask(new_mask, positions)
         out = self._call(
             input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
-            attention_mask=self._mask(new_mask),
+            position_ids=positions[None],
+            attention_mask=mask,
             use_cache=True,
             output_hidden_states=output_hidden_states,
             **{self._cache_kw: self.cache},
         )
+        if self.sliding_window is not None:
+            self._kv_positions = torch.cat([self._kv_positions, positions])
         self.cache_len += q
         return out
 
