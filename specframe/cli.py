@@ -1,19 +1,63 @@
-"""The ``specframe`` command line (click). Plugins add commands through ``register_commands``."""
+"""The ``specframe`` command line (click). Plugins add commands through ``register_commands``.
+
+Any exception a command raises ends as one line, ``Error: ...``, with exit code 1; ``--debug``
+(or ``SPECFRAME_DEBUG=1``) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import click
 
+from .errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
 from .options import describe_options
 from .plugins import KINDS, SINGULAR, get_registry, normalise_dist
 
+#: Added to errors we did not anticipate, which are most likely a plugin's or specframe's bug.
+DEBUG_HINT = f"rerun with --debug (or {DEBUG_VARIABLE}=1) for the traceback"
 
-@click.group()
+
+def user_message(err: BaseException) -> str:
+    """The one-line text shown for ``err``; unexpected errors get a hint to use --debug."""
+    from .config import ConfigError
+    from .errors import ContextError
+    from .experiment import ExperimentError
+    from .options import OptionError
+    from .plugins import PluginError
+
+    text = one_line(err)
+    if isinstance(err, (ConfigError, ContextError, ExperimentError, OptionError, PluginError)):
+        return text
+    return f"{text} ({DEBUG_HINT})"
+
+
+class _OneLineErrors(click.Group):
+    """A click group that turns any exception of a command into one ``Error:`` line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; re-raise click's own exits, shorten everything else."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except Exception as err:
+            if ctx.params.get("debug") or debug_enabled():
+                raise
+            raise click.ClickException(user_message(err)) from err
+
+
+@click.group(cls=_OneLineErrors)
 @click.version_option(package_name="specframe")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help=f"Show tracebacks instead of one-line errors (also {DEBUG_VARIABLE}=1).")
+def cli(debug: bool) -> None:
     """specframe: tree-based speculative decoding with pluggable policies, drafters, verifiers."""
+    install_warning_format()
+    if debug:
+        # Child processes (e.g. `specframe conformance`) and later checks see the switch too.
+        os.environ[DEBUG_VARIABLE] = "1"
 
 
 @cli.command("plugins")
@@ -32,6 +76,8 @@ def plugins_command() -> None:
             opts = ", ".join(f"{n}: {t} = {d!r}" for n, t, d in describe_options(info.cls.Options)) or "-"
             table.add_row(info.name, info.dist, info.version, opts)
         console.print(table)
+    for dist, reason in reg.skipped:
+        console.print(f"skipped distribution {dist}: {reason}", markup=False)
 
 
 # ---------------------------------------------------------------------- experiments
@@ -39,17 +85,25 @@ REPO_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEMO_CONFIG = REPO_EXAMPLES / "demo.toml"
 
 
+#: Width of output that goes to a pipe or file: wide enough that no table cell is cut.
+PIPE_WIDTH = 1000
+
+
 def _console():
+    """rich console; piped output is not squeezed to 80 columns (tables keep arm names whole)."""
     from rich.console import Console
 
-    return Console()
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=PIPE_WIDTH)
 
 
 def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None) -> None:
     """Validate, run (resuming), print the summary table and where the files are."""
     from .config import ConfigError, load_config
     from .experiment import ExperimentError, run_experiment
-    from .report import REPORT_FILE, summary_table
+    from .report import REPORT_FILE, notice_lines, summary_table
 
     try:
         config = load_config(config_path)
@@ -66,6 +120,8 @@ def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool
                       "run the same command again to resume")
         raise SystemExit(130)
     console.print(summary_table(outcome.summary, title=title))
+    for line in notice_lines(outcome.summary):
+        console.print(f"Note: {line}", markup=False)
     reused = f", {outcome.skipped} reused from earlier runs (--fresh recomputes)" if outcome.skipped else ""
     console.print(f"{outcome.computed} answers computed{reused}. Report: {outcome.out_dir / REPORT_FILE}",
                   markup=False)
@@ -107,11 +163,13 @@ def demo_command(config_path: Path | None, out: Path, fresh: bool, progress: boo
 @click.option("--plots/--no-plots", default=True, help="Redraw the figures.")
 def report_command(run_dir: Path, plots: bool) -> None:
     """Recompute summary.json, report.md and the plots of RUN_DIR from its answers."""
-    from .report import REPORT_FILE, summary_table, write_report
+    from .report import REPORT_FILE, notice_lines, summary_table, write_report
 
     summary = write_report(run_dir, plots=plots)
     console = _console()
     console.print(summary_table(summary))
+    for line in notice_lines(summary):
+        console.print(f"Note: {line}", markup=False)
     console.print(f"Report: {run_dir / REPORT_FILE}", markup=False)
 
 
@@ -245,8 +303,17 @@ def conformance_command(dist: str | None, pytest_args: tuple[str, ...]) -> None:
 
 
 def main() -> None:
-    """Entry point: load plugin commands, then run the click group."""
-    get_registry().commands_hook()(cli=cli)
+    """Entry point: load plugin commands (a broken plugin is skipped), then run the click group."""
+    import sys
+
+    install_warning_format()
+    try:
+        get_registry().register_commands(cli)
+    except Exception as err:  # a registry-level fault still ends as one line
+        if "--debug" in sys.argv[1:] or debug_enabled():
+            raise
+        click.echo(f"Error: {user_message(err)}", err=True)
+        sys.exit(1)
     cli()
 
 

@@ -2,6 +2,10 @@
 
 ``SPECFRAME_LOAD_PLUGINS`` (comma-separated distribution names) restricts which distributions'
 plugins load, so an A/B run can pin exactly the code it compares. Unset or empty means all.
+
+One broken distribution never takes the others down: an entry point that fails to import, or a
+hook that raises, is skipped with a one-line :class:`PluginWarning` naming the distribution and
+the error (see :func:`specframe.errors.warn`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Iterable
 import pluggy
 
 from . import hookspecs
+from .errors import PluginWarning, one_line, warn
 
 hookimpl = pluggy.HookimplMarker("specframe")
 ENTRY_POINT_GROUP = "specframe"
@@ -25,6 +30,9 @@ _HOOK_OF_KIND = {
     "drafters": "register_drafters",
     "verifiers": "register_verifiers",
 }
+
+
+LOAD_VARIABLE = "SPECFRAME_LOAD_PLUGINS"
 
 
 class PluginError(LookupError):
@@ -49,10 +57,10 @@ def normalise_dist(name: str) -> str:
 
 def allowed_distributions() -> set[str] | None:
     """Distribution names allowed by ``SPECFRAME_LOAD_PLUGINS``, or None for all."""
-    raw = os.environ.get("SPECFRAME_LOAD_PLUGINS", "").strip()
+    raw = os.environ.get(LOAD_VARIABLE, "").strip()
     if not raw:
         return None
-    return {part.strip().lower() for part in raw.split(",") if part.strip()}
+    return {normalise_dist(part.strip()) for part in raw.split(",") if part.strip()}
 
 
 class Registry:
@@ -63,6 +71,10 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self._origin: dict[int, tuple[str, str]] = {}
         self._plugins: dict[str, dict[str, PluginInfo]] | None = None
+        #: ``(distribution, reason)`` of every plugin skipped because it failed.
+        self.skipped: list[tuple[str, str]] = []
+        #: names in SPECFRAME_LOAD_PLUGINS that match no installed distribution.
+        self.unknown_allowed: list[str] = []
         if load_entry_points:
             self.load_entry_points()
 
@@ -70,15 +82,44 @@ class Registry:
         """Import and register every ``specframe`` entry point of the allowed distributions."""
         allowed = allowed_distributions()
         seen: set[tuple[str, str]] = set()
+        installed: set[str] = set()
         for dist in metadata.distributions():
             dist_name = dist.metadata["Name"] or "?"
-            if allowed is not None and dist_name.lower() not in allowed:
+            installed.add(normalise_dist(dist_name))
+            if allowed is not None and normalise_dist(dist_name) not in allowed:
                 continue
             for ep in dist.entry_points:
                 if ep.group != ENTRY_POINT_GROUP or (dist_name, ep.name) in seen:
                     continue
                 seen.add((dist_name, ep.name))
-                self.register(ep.load(), dist=dist_name, version=dist.version, name=f"{dist_name}:{ep.name}")
+                self._load_entry_point(ep, dist_name, dist.version)
+        if allowed is not None:
+            self.unknown_allowed = sorted(allowed - installed)
+            for name in self.unknown_allowed:
+                warn(f"{LOAD_VARIABLE} names {name!r}, which is not an installed distribution; "
+                     f"installed distributions with specframe plugins: {', '.join(self._plugin_dists()) or '(none)'}",
+                     PluginWarning)
+
+    def _load_entry_point(self, ep: Any, dist_name: str, version: str) -> None:
+        """Import and register one entry point; a failure skips it with a warning."""
+        try:
+            plugin = ep.load()
+        except Exception as err:  # a broken third party must not break every command
+            self._skip(dist_name, f"entry point {ep.name!r} ({ep.value}) failed to import", err)
+            return
+        self.register(plugin, dist=dist_name, version=version, name=f"{dist_name}:{ep.name}")
+
+    def _skip(self, dist: str, what: str, err: BaseException) -> None:
+        """Record and warn about a plugin that was skipped."""
+        self.skipped.append((dist, f"{what}: {one_line(err)}"))
+        warn(f"plugin distribution {dist!r} skipped: {what}: {one_line(err)}", PluginWarning)
+
+    @staticmethod
+    def _plugin_dists() -> list[str]:
+        """Installed distributions exposing a ``specframe`` entry point (for messages)."""
+        names = {dist.metadata["Name"] or "?" for dist in metadata.distributions()
+                 if any(ep.group == ENTRY_POINT_GROUP for ep in dist.entry_points)}
+        return sorted(names)
 
     def register(self, plugin: Any, dist: str = "<local>", version: str = "", name: str | None = None) -> None:
         """Register a plugin object (module or instance with hookimpls) from a distribution."""
@@ -92,10 +133,22 @@ class Registry:
         if self._plugins is not None:
             return self._plugins
         found: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
+        broken: set[int] = set()
         for kind, hook_name in _HOOK_OF_KIND.items():
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if id(impl.plugin) in broken:
+                    continue
                 dist, version = self._origin.get(id(impl.plugin), ("<local>", ""))
-                impl.function(register=self._registrar(found[kind], kind, dist, version))
+                staged: dict[str, PluginInfo] = dict(found[kind])
+                try:
+                    impl.function(register=self._registrar(staged, kind, dist, version))
+                except PluginError:
+                    raise  # a name clash is the user's to resolve: name both sides
+                except Exception as err:  # a broken hook drops that distribution only
+                    broken.add(id(impl.plugin))
+                    self._skip(dist, f"hook {hook_name} raised", err)
+                    continue
+                found[kind] = staged
         self._plugins = found
         return found
 
@@ -108,7 +161,8 @@ class Registry:
             if name in table and table[name].cls is not cls:
                 raise PluginError(
                     f"{SINGULAR[kind]} name {name!r} registered twice: by {table[name].dist} "
-                    f"({table[name].cls.__qualname__}) and by {dist} ({cls.__qualname__})"
+                    f"({table[name].cls.__qualname__}) and by {dist} ({cls.__qualname__}): uninstall "
+                    f"one, or load only one with {LOAD_VARIABLE}=<distribution>,..."
                 )
             table[name] = PluginInfo(kind, name, cls, dist, version)
 
@@ -127,12 +181,30 @@ class Registry:
         table = self._collect()[kind]
         if name not in table:
             avail = ", ".join(sorted(table)) or "(none loaded)"
-            raise PluginError(f"unknown {SINGULAR[kind]} {name!r}; available {kind}: {avail}")
+            raise PluginError(f"unknown {SINGULAR[kind]} {name!r}; available {kind}: {avail}{self._why_missing()}")
         return table[name].cls
+
+    def _why_missing(self) -> str:
+        """What may explain a missing plugin: the load variable, skipped distributions."""
+        notes = []
+        raw = os.environ.get(LOAD_VARIABLE, "").strip()
+        if raw:
+            notes.append(f"{LOAD_VARIABLE}={raw!r} restricts which distributions load; unset it to load all")
+        notes += [f"{dist} was skipped ({reason})" for dist, reason in self.skipped]
+        return "".join(f"; {n}" for n in notes)
 
     def commands_hook(self):
         """The ``register_commands`` hook caller."""
         return self.pm.hook.register_commands
+
+    def register_commands(self, cli: Any) -> None:
+        """Let every plugin add CLI commands; a hook that raises is skipped with a warning."""
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            dist, _version = self._origin.get(id(impl.plugin), ("<local>", ""))
+            try:
+                impl.function(cli=cli)
+            except Exception as err:  # one broken plugin must not take the CLI down
+                self._skip(dist, "hook register_commands raised", err)
 
 
 _registry: Registry | None = None
