@@ -45,14 +45,18 @@ class ModelDrafter(Drafter):
         model = options.model
         if model is None:
             raise OptionError("option 'model' of drafter 'model' is required (a model, path or shipped name)")
+        target_dir = model_source(target.model)
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-            target_dir = model_source(target.model)
             if target_dir is not None:  # both given as paths: refuse a mismatched pair before loading
                 check_same_tokenizer(target_dir, str(model))
             model = load_causal_lm(
                 str(model), dtype=options.dtype or target.dtype, device=target.device,
                 attn_implementation=options.attn_implementation,
             )
+        elif target_dir is not None and model_source(model) is not None:
+            # Loaded models (a TOML [models] alias, an API caller's instance) get the same check:
+            # equal vocabulary sizes do not make equal tokenizers.
+            check_same_tokenizer(target_dir, model_source(model))
         self.lm = TargetModel(model)
         self.committed: list[int] = []
         self.cached = 0

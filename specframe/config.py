@@ -37,7 +37,8 @@ PERTURBED_KEYS = ("noise", "seed")
 DRAFTER_KEYS = ("name", "options")
 ARM_KEYS = ("name", "baseline", "baseline_options", "policy", "policy_options", "drafter",
             "drafter_options", "verifier", "verifier_options", "sweep")
-DATA_KEYS = ("path", "category", "limit", "chat_template")
+DATA_KEYS = ("path", "category", "limit", "chat_template", "on_overflow")
+ON_OVERFLOW = ("error", "skip")
 OUTPUT_KEYS = ("dir", "trees_per_answer")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")
@@ -121,12 +122,18 @@ class ArmConfig:
 
 @dataclass
 class DataConfig:
-    """The prompts: a JSONL file, an optional category filter and a limit."""
+    """The prompts: a JSONL file, an optional category filter and a limit.
+
+    ``on_overflow``: a prompt whose tokens plus ``max_new_tokens`` exceed the target's
+    context either stops the run (``error``) or is left out for every arm and listed in the
+    report (``skip``).
+    """
 
     path: Path
     category: list[str] | None = None
     limit: int | None = None
     chat_template: bool = False
+    on_overflow: str = "error"
 
 
 @dataclass
@@ -454,7 +461,10 @@ def _parse_data(raw: Any, base: Path) -> DataConfig:
     limit = _typed(t, "limit", int, "[data]")
     if limit is not None and limit < 1:
         raise ConfigError(f"[data]: 'limit' must be >= 1, got {limit}")
-    data = DataConfig(path, category, limit, _typed(t, "chat_template", bool, "[data]", False))
+    on_overflow = _typed(t, "on_overflow", str, "[data]", "error")
+    if on_overflow not in ON_OVERFLOW:
+        raise ConfigError(f"[data]: on_overflow {on_overflow!r} is not one of {', '.join(map(repr, ON_OVERFLOW))}")
+    data = DataConfig(path, category, limit, _typed(t, "chat_template", bool, "[data]", False), on_overflow)
     _check_dataset(data)
     return data
 
@@ -500,6 +510,7 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
         raise ConfigError("experiment file: declare at least one [[arm]] table")
     arms = [a for i, raw_arm in enumerate(t["arm"]) for a in _parse_arm(raw_arm, i, drafter)]
     _check_unique(arms)
+    _check_pairs(target, models, arms)
     out = _check_keys(t.get("output", {}), OUTPUT_KEYS, "[output]")
     output = OutputConfig(
         dir=_resolve(base, _typed(out, "dir", str, "[output]", f"runs/{t.get('name', 'experiment')}")),
@@ -517,6 +528,43 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
         threads=_positive(t, "threads", "experiment file", None) if "threads" in t else None,
         source=source,
     )
+
+
+def _draft_models(arm: ArmConfig) -> list[str]:
+    """Model references an arm drafts with (``model`` drafter option, hf-assisted assistant)."""
+    refs = []
+    if arm.drafter is not None and arm.drafter.name == "model":
+        refs.append(arm.drafter.options.get("model"))
+    if arm.baseline == "hf-assisted":
+        refs.append(arm.baseline_options.get("assistant"))
+    return [r for r in refs if isinstance(r, str) and r != "target"]
+
+
+def _check_pairs(target: ModelSpec, models: dict[str, ModelSpec], arms: list[ArmConfig]) -> None:
+    """Every draft model shares the target's tokenizer (read from disk; nothing loads).
+
+    The same check the ``model`` drafter makes when given paths, so a TOML alias cannot slip a
+    same-sized but different vocabulary past it. Random, perturbed and hub models are skipped.
+    """
+    from .pairs import check_same_tokenizer
+
+    if target.is_random:
+        return
+    checked: set[str] = set()
+    for arm in arms:
+        for ref in _draft_models(arm):
+            spec = models.get(ref)
+            path = spec.model if spec is not None else ref
+            if path in checked or (spec is not None and (spec.is_random or spec.perturbed_of is not None)):
+                continue
+            checked.add(path)
+            where = f"[models.{ref}]" if spec is not None else f"[[arm]] {arm.name!r}"
+            try:
+                check_same_tokenizer(target.tokenizer or target.model, path)
+            except FileNotFoundError:
+                continue  # a missing path is reported where the model loads, with its table
+            except ValueError as err:
+                raise ConfigError(f"{where}: {err}") from err
 
 
 def _check_unique(arms: list[ArmConfig]) -> None:

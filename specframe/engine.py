@@ -290,5 +290,6 @@ class SpecDecoder:
             other_time=t4 - t3,
             widths=read.widths,
             accepted_ranks=read.ranks,
+            budget_cut=self.policy.budget - limit,
         )
         return emitted, stats

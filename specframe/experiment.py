@@ -24,11 +24,16 @@ import torch
 from .baselines import BASELINES, ArmOutput
 from .config import BYTES_TOKENIZER, ArmConfig, ExperimentConfig, ModelSpec, RANDOM_PREFIX
 from .data import ByteTokenizer, PromptEncoder, Question, load_questions
+from .errors import ContextError, one_line, warn
 from .options import build_options
+from .runlock import DirectoryInUseError, RunLock
 
 RUN_FILE = "run.json"
 ANSWERS_DIR = "answers"
 RecordHook = Callable[[str, dict], None]
+MODEL_FIX = ("give a local model directory, a shipped name (demo-target, demo-draft) or a hub id "
+             "already in the local Hugging Face cache; offline, HF_HUB_OFFLINE=1 makes a missing "
+             "hub id fail at once instead of after retries")
 
 
 class ExperimentError(RuntimeError):
@@ -57,17 +62,30 @@ class ModelPool:
         return self.load("target")
 
     def load(self, ref: str) -> Any:
-        """A model by alias (``target`` or a ``[models]`` key), or by path / shipped name."""
-        if ref not in self._cache:
-            if ref == "target":
-                self._cache[ref] = self._build(self.config.target, is_target=True)
-            elif ref in self.config.models:
-                self._cache[ref] = self._build(self.config.models[ref], is_target=False)
-            else:
-                from .target import load_causal_lm
+        """A model by alias (``target`` or a ``[models]`` key), or by path / shipped name.
 
-                self._cache[ref] = load_causal_lm(ref, dtype=self.dtype, device=self.device)
+        A model that fails to load raises :class:`ContextError` naming the table and the model.
+        """
+        if ref not in self._cache:
+            try:
+                self._cache[ref] = self._load(ref)
+            except ContextError:
+                raise
+            except Exception as err:
+                where = "[target]" if ref == "target" else f"[models.{ref}]" if ref in self.config.models else "model option"
+                spec = self.config.target if ref == "target" else self.config.models.get(ref)
+                name = spec.model if spec is not None else ref
+                raise ContextError(f"cannot load model {name!r}: {one_line(err)}", where, MODEL_FIX, err) from err
         return self._cache[ref]
+
+    def _load(self, ref: str) -> Any:
+        if ref == "target":
+            return self._build(self.config.target, is_target=True)
+        if ref in self.config.models:
+            return self._build(self.config.models[ref], is_target=False)
+        from .target import load_causal_lm
+
+        return load_causal_lm(ref, dtype=self.dtype, device=self.device)
 
     def _build(self, spec: ModelSpec, is_target: bool) -> Any:
         dtype = getattr(torch, spec.dtype) if spec.dtype else self.dtype
@@ -106,7 +124,12 @@ def load_tokenizer(config: ExperimentConfig) -> Any:
 
     from .assets import resolve_model_path
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name or spec.model))
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model_path(name or spec.model))
+    except Exception as err:
+        raise ContextError(f"cannot load the tokenizer {name or spec.model!r}: {one_line(err)}", "[target]",
+                           "set [target] tokenizer to a directory holding the target's tokenizer; " + MODEL_FIX,
+                           err) from err
 
 
 # ---------------------------------------------------------------------- runners
@@ -166,7 +189,51 @@ def accepted_path(tree: Any, emitted: list[int], accepted: int) -> list[int]:
 
 
 def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: ExperimentConfig) -> Any:
-    """The runner of one arm (drafter models load here)."""
+    """The runner of one arm (drafter models load here); a failure names the arm."""
+    try:
+        return _build_runner(arm, pool, target, config)
+    except ContextError as err:
+        raise ContextError(err.what, f"arm {arm.name!r}, {err.where}", err.fix, err.cause) from err
+    except Exception as err:
+        what, fix = _load_fault(err, arm)
+        raise ContextError(what, arm_where(arm), fix, err) from err
+
+
+def _load_fault(err: BaseException, arm: ArmConfig) -> tuple[str, str]:
+    """``(what, how to fix)`` of an arm that failed to build; weight files are named."""
+    if "safetensor" in type(err).__name__.lower():
+        files = [str(f) for d in _option_dirs(arm) for f in sorted(d.glob("*.safetensors"))]
+        return (f"cannot read the weights {', '.join(files) or '(*.safetensors)'}: {one_line(err)}",
+                "the file is empty, truncated or not safetensors: copy or export the checkpoint again")
+    return one_line(err), "fix this arm's drafter / policy / verifier options in the experiment file, or remove the arm"
+
+
+def _option_dirs(arm: ArmConfig) -> list[Path]:
+    """Local directories named by the arm's string drafter options (checkpoints)."""
+    from .assets import resolve_model_path
+
+    dirs = []
+    for value in (arm.drafter.options.values() if arm.drafter else ()):
+        if isinstance(value, str):
+            try:
+                path = Path(resolve_model_path(value))
+            except Exception:  # not a path: nothing to name
+                continue
+            if path.is_dir():
+                dirs.append(path)
+    return dirs
+
+
+def arm_where(arm: ArmConfig) -> str:
+    """``arm 'x'`` plus the arm's file-like drafter options (a checkpoint path names the file)."""
+    where = f"arm {arm.name!r}"
+    if arm.drafter is not None:
+        paths = [f"{k}={v!r}" for k, v in arm.drafter.options.items() if isinstance(v, str)]
+        where += f", drafter {arm.drafter.name!r}" + (f" {' '.join(paths)}" if paths else "")
+    return where
+
+
+def _build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: ExperimentConfig) -> Any:
     if arm.baseline:
         base = BASELINES[arm.baseline]
         options = build_options(base.Options, arm.baseline_options, f"baseline {arm.baseline!r}")
@@ -232,7 +299,11 @@ def _drop_partial_line(path: Path) -> None:
 
 
 def read_answers(path: str | Path) -> list[dict]:
-    """Records of an answers file; a half-written last line is ignored."""
+    """Records of an answers file, each (arm, question, repeat) once.
+
+    A half-written last line (a crash mid-write) is dropped and a repeated (arm, question_id,
+    repeat) keeps its first record (e.g. two runs that once shared a directory); both warn.
+    """
     path = Path(path)
     if not path.exists():
         return []
@@ -245,9 +316,27 @@ def read_answers(path: str | Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             if i == len(lines) - 1:
-                break  # interrupted write: the record was never finished
-            raise ExperimentError(f"{path}:{i + 1}: corrupt answer record")
-    return out
+                # interrupted write: the record was never finished
+                warn(f"{path}:{i + 1}: dropped a half-written last answer record (an interrupted run); "
+                     "it is recomputed on the next run")
+                break
+            raise ExperimentError(f"corrupt answer record ({path}:{i + 1}): delete the line, or rerun with --fresh")
+    return _unique_answers(out, path)
+
+
+def _unique_answers(records: list[dict], path: Path) -> list[dict]:
+    """The first record of each (arm, question_id, repeat); warns when any repeat."""
+    seen: set[tuple] = set()
+    unique = []
+    for rec in records:
+        key = (rec.get("arm"), *_key(rec.get("question_id"), rec.get("repeat", 0)))
+        if key not in seen:
+            seen.add(key)
+            unique.append(rec)
+    if len(unique) < len(records):
+        warn(f"{path}: {len(records) - len(unique)} duplicate answer record(s) ignored (same arm, question "
+             "and repeat; two runs once wrote this directory); the first of each is kept")
+    return unique
 
 
 # ---------------------------------------------------------------------- run metadata
@@ -277,7 +366,9 @@ def _check_run_file(config: ExperimentConfig, out_dir: Path) -> None:
         greedy={},
     )
     if path.exists():
-        meta["greedy"] = json.loads(path.read_text(encoding="utf-8")).get("greedy", {})
+        old = json.loads(path.read_text(encoding="utf-8"))
+        meta["greedy"] = old.get("greedy", {})
+        meta["overflow_skipped"] = old.get("overflow_skipped", [])
     _write_json(path, meta)
 
 
@@ -381,19 +472,38 @@ class Experiment:
     """One configured run; :meth:`run` does the work (see the module docstring)."""
 
     def __init__(self, config: ExperimentConfig, out_dir: str | Path | None = None,
-                 on_record: RecordHook | None = None, progress: bool = True, console: Any = None) -> None:
+                 on_record: RecordHook | None = None, progress: bool = True, console: Any = None,
+                 fresh: bool = False) -> None:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else config.output.dir
         self.on_record = on_record
         self.progress = progress
         self.console = console
+        self.fresh = fresh
 
     def run(self) -> RunOutcome:
-        """Compute every missing answer, then write summary.json, report.md and plots."""
+        """Lock the output directory, compute every missing answer, then write the report.
+
+        A directory held by another live run raises :class:`ExperimentError`; ``fresh``
+        discards earlier results once the lock is held.
+        """
+        try:
+            lock = RunLock(self.out_dir).__enter__()
+        except DirectoryInUseError as err:
+            raise ExperimentError(str(err)) from None
+        try:
+            if self.fresh:
+                _discard(self.out_dir)
+            return self._run_locked()
+        finally:
+            lock.__exit__(None, None, None)
+
+    def _run_locked(self) -> RunOutcome:
         cfg = self.config
         questions = load_questions(cfg.data.path, cfg.data.category, cfg.data.limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         _check_run_file(cfg, self.out_dir)
+        questions = [q for q in questions if json.dumps(q.question_id) not in self._overflowed()]
         store = AnswerStore(self.out_dir)
         done = {arm.name: store.done(arm) for arm in cfg.arms}
         todo = [(r, q, a) for r in range(cfg.repeats) for q in questions for a in cfg.arms
@@ -415,6 +525,11 @@ class Experiment:
         summary = write_report(self.out_dir)
         return RunOutcome(self.out_dir, computed, skipped, summary)
 
+    def _overflowed(self) -> set[str]:
+        """Question ids (as JSON) an earlier run of this directory skipped as too long."""
+        meta = json.loads((self.out_dir / RUN_FILE).read_text(encoding="utf-8"))
+        return {json.dumps(s["question_id"]) for s in meta.get("overflow_skipped", [])}
+
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config
         encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
@@ -422,8 +537,7 @@ class Experiment:
         from .target import TargetModel
 
         target = TargetModel(pool.target())
-        for q in questions:
-            self._check_length(encoder.encode(q.turns, [], None), target, q)
+        self._skip_overflowing(encoder, target, questions)
         runners = {arm.name: build_runner(arm, pool, target, cfg) for arm in arms}
         eos: set[int] = set()
         if cfg.stop_at_eos and target.eos_token_id is not None:
@@ -431,13 +545,42 @@ class Experiment:
             eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
         return encoder, target, runners, eos
 
+    def _skip_overflowing(self, encoder: PromptEncoder, target: Any, questions: list[Question]) -> None:
+        """Apply ``[data] on_overflow`` to first turns that do not fit the target's context.
+
+        ``error`` raises; ``skip`` removes the question from ``questions`` (for every arm, so
+        the comparison stays paired) and lists it in run.json, which the report shows.
+        """
+        skipped = []
+        for q in list(questions):
+            prompt = encoder.encode(q.turns, [], None)
+            if self.config.data.on_overflow == "skip" and prompt and not self._fits(prompt, target):
+                skipped.append({"question_id": q.question_id, "prompt_tokens": len(prompt),
+                                "max_new_tokens": self.config.max_new_tokens,
+                                "max_positions": target.max_positions})
+                questions.remove(q)
+                continue
+            self._check_length(prompt, target, q)
+        if skipped:
+            path = self.out_dir / RUN_FILE
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            meta["overflow_skipped"] = meta.get("overflow_skipped", []) + skipped
+            _write_json(path, meta)
+            warn(f"{len(skipped)} prompt(s) skipped: prompt + max_new_tokens exceeds the target's "
+                 f"{target.max_positions} positions ([data] on_overflow = \"skip\"; listed in the report)")
+
+    def _fits(self, prompt: list[int], target: Any) -> bool:
+        return len(prompt) + self.config.max_new_tokens <= target.max_positions
+
     def _check_length(self, prompt: list[int], target: Any, q: Question) -> None:
         if not prompt:
-            raise ExperimentError(f"question {q.question_id!r}: the prompt encodes to no tokens")
-        if len(prompt) + self.config.max_new_tokens > target.max_positions:
+            raise ExperimentError(f"the prompt encodes to no tokens (question {q.question_id!r}): "
+                                  "remove the question or give it text")
+        if not self._fits(prompt, target):
             raise ExperimentError(
-                f"question {q.question_id!r}: prompt ({len(prompt)} tokens) + max_new_tokens "
-                f"({self.config.max_new_tokens}) exceeds the target's {target.max_positions} positions"
+                f"prompt too long for the target (question {q.question_id!r}): prompt ({len(prompt)} tokens) + "
+                f"max_new_tokens ({self.config.max_new_tokens}) exceeds the target's {target.max_positions} "
+                f"positions: lower max_new_tokens, or set [data] on_overflow = \"skip\" to leave such prompts out"
             )
 
     def _compute(self, todo: list, questions: list[Question], store: AnswerStore, skipped: int) -> int:
@@ -446,7 +589,12 @@ class Experiment:
         self._say(f"loading the target and {len(pending)} arm(s) ...")
         with _no_loading_bars():
             encoder, target, runners, eos = self._prepare(pending, questions)
+        # on_overflow = "skip" may have removed questions: drop their work too.
+        kept = {json.dumps(q.question_id) for q in questions}
+        todo = [t for t in todo if json.dumps(t[1].question_id) in kept]
         self._record_greedy(runners)
+        if not todo:
+            return 0
         if cfg.warmup:
             self._say(f"warm-up: {cfg.warmup} untimed generation(s) per arm ...")
         self._warmup(pending, runners, encoder, questions[0], eos)
@@ -477,7 +625,8 @@ class Experiment:
         prompt = encoder.encode(q.turns, [], None)
         for _ in range(self.config.warmup):
             for arm in arms:
-                runners[arm.name].generate(prompt, self.config.max_new_tokens, eos, self._generator(0, 0))
+                _generate(arm, runners[arm.name], prompt, self.config.max_new_tokens, eos, self._generator(0, 0),
+                          f"question {q.question_id!r}, warm-up")
 
     def _generator(self, repeat: int, turn: int, question_id: Any = None) -> torch.Generator:
         # Every arm gets the same seed for the same (question, repeat, turn): a fair draw.
@@ -496,7 +645,8 @@ class Experiment:
             gen = self._generator(repeat, k, q.question_id)
             _sync(target.device)
             start = time.perf_counter()
-            out = runner.generate(prompt, self.config.max_new_tokens, eos, gen)
+            out = _generate(arm, runner, prompt, self.config.max_new_tokens, eos, gen,
+                            f"question {q.question_id!r}, repeat {repeat}" + (f", turn {k + 1}" if k else ""))
             _sync(target.device)
             wall = time.perf_counter() - start
             turns.append((prompt, out, wall, encoder.decode(out.tokens)))
@@ -507,6 +657,19 @@ class Experiment:
 
     def _progress(self, total: int, completed: int):
         return _ProgressBar(total, completed, enabled=self.progress, console=self.console)
+
+
+def _generate(arm: ArmConfig, runner: Any, prompt: list[int], max_new_tokens: int, eos: set[int],
+              generator: torch.Generator, where: str) -> ArmOutput:
+    """``runner.generate`` whose failure names the arm and the question (a plugin raised)."""
+    try:
+        return runner.generate(prompt, max_new_tokens, eos, generator)
+    except Exception as err:
+        raise ContextError(
+            f"generation failed: {one_line(err)}", f"{arm_where(arm)}, {where}",
+            "answers finished so far are saved and the same command resumes; fix the plugin or the "
+            "arm's options (rerun with --debug for the traceback)", err,
+        ) from err
 
 
 class _ProgressBar:
@@ -542,9 +705,9 @@ def run_experiment(config: ExperimentConfig | str | Path, out_dir: str | Path | 
 
         config = load_config(config)
     target_dir = Path(out_dir) if out_dir is not None else config.output.dir
-    if fresh and target_dir.exists():
-        _discard(target_dir)
-    return Experiment(config, target_dir, on_record=on_record, progress=progress, console=console).run()
+    # The discard of ``fresh`` happens under the directory's lock (see Experiment.run).
+    return Experiment(config, target_dir, on_record=on_record, progress=progress, console=console,
+                      fresh=fresh).run()
 
 
 def _discard(out_dir: Path) -> None:

@@ -198,6 +198,9 @@ class StepStats:
     other_time: float
     widths: list[int]
     accepted_ranks: list[int]
+    #: Nodes the context took off the policy's budget this step (0: the full budget was
+    #: available). Near the target's maximum length the engine passes a smaller limit.
+    budget_cut: int = 0
 
     @property
     def total_time(self) -> float:

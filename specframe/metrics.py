@@ -202,9 +202,17 @@ def summarize(run: dict) -> dict:
             "name": name, "greedy": greedy, "description": run["descriptions"].get(name, {}),
             "overall": cats[ALL], "categories": {k: v for k, v in cats.items() if k != ALL},
             "funnel": funnel(records), "shapes": tree_shapes(records),
+            "budget_cuts": budget_cuts(records),
         })
     return {"name": run.get("name"), "target": run.get("target"), "max_new_tokens": run.get("max_new_tokens"),
-            "repeats": run.get("repeats"), "baseline": base_name, "torch": run.get("torch"), "arms": out_arms}
+            "repeats": run.get("repeats"), "baseline": base_name, "torch": run.get("torch"), "arms": out_arms,
+            "overflow_skipped": run.get("overflow_skipped", [])}
+
+
+def budget_cuts(records: Iterable[dict]) -> dict:
+    """Steps whose node budget the context reduced: ``{"steps", "of", "max_cut"}``."""
+    cuts = [c for r in records for c in (r.get("steps") or {}).get("budget_cut", [])]
+    return {"steps": sum(1 for c in cuts if c > 0), "of": len(cuts), "max_cut": max(cuts, default=0)}
 
 
 def load_run(out_dir: str | Path) -> dict:

@@ -64,6 +64,7 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         for cat in categories:
             lines += ["", f"### {cat}", ""]
             lines += _md_table([row(a, a["categories"][cat], base) for a in summary["arms"] if cat in a["categories"]])
+    lines += notices(summary)
     if figures:
         lines += ["", "## Figures", ""]
         for title, rel in figures.items():
@@ -79,6 +80,27 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         "", "Full definitions: docs/experiments.md.", "",
     ]
     return "\n".join(lines)
+
+
+def notice_lines(summary: dict) -> list[str]:
+    """What the run capped or left out: budgets cut by the context, skipped prompts."""
+    out = []
+    for arm in summary["arms"]:
+        cut = arm.get("budget_cuts") or {}
+        if cut.get("steps"):
+            out.append(f"arm {arm['name']}: the context cut the node budget in {cut['steps']} of {cut['of']} "
+                       f"steps (by up to {cut['max_cut']} nodes): the target's maximum length is near")
+    for skip in summary.get("overflow_skipped") or []:
+        out.append(f"question {skip['question_id']!r} skipped: prompt ({skip['prompt_tokens']} tokens) + "
+                   f"max_new_tokens ({skip['max_new_tokens']}) exceeds the target's {skip['max_positions']} "
+                   "positions ([data] on_overflow = \"skip\")")
+    return out
+
+
+def notices(summary: dict) -> list[str]:
+    """The report's "Notices" section (empty when there is nothing to notice)."""
+    found = notice_lines(summary)
+    return ["", "## Notices", "", *(f"- {line}" for line in found)] if found else []
 
 
 def write_report(out_dir: str | Path, plots: bool = True) -> dict:
@@ -104,8 +126,14 @@ def summary_table(summary: dict, title: str | None = None) -> Any:
 
     # Arm names like "talon[mu=0.01]" would read as rich markup: escape every cell.
     table = Table(title=escape(title or f"{summary.get('name')}: {summary.get('target')}"))
+    # Arm names are what a reader compares: never ellipsise them (a narrow or piped terminal
+    # folds the numeric columns instead).
+    longest = max((len(a["name"]) for a in summary["arms"]), default=3)
     for col in COLUMNS:
-        table.add_column(col, justify="left" if col == "arm" else "right")
+        if col == "arm":
+            table.add_column(col, justify="left", no_wrap=True, min_width=longest)
+        else:
+            table.add_column(col, justify="right", overflow="fold")
     for arm in summary["arms"]:
         table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"))))
     return table
