@@ -306,6 +306,10 @@ RAISING_HOOK = textwrap.dedent("""
     @specframe.hookimpl
     def register_tree_policies(register):
         raise RuntimeError("hook exploded")
+
+    @specframe.hookimpl
+    def register_commands(cli):
+        raise RuntimeError("command hook exploded")
 """)
 
 
@@ -342,6 +346,9 @@ def test_plugin_whose_hook_raises_is_skipped(tmp_path, monkeypatch, fresh_regist
     assert "talon" in names
     with pytest.raises(specframe.PluginError, match="raising-dist was skipped"):
         specframe.get_registry().get("policies", "nope")
+    with pytest.warns(PluginWarning, match="hook register_commands raised: RuntimeError: command hook exploded"):
+        specframe.get_registry().register_commands(cli)
+    assert invoke("plugins").exit_code == 0
 
 
 def test_unknown_name_in_load_plugins_warns_and_errors_mention_it(monkeypatch, fresh_registry):
