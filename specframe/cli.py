@@ -108,13 +108,13 @@ def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool
     try:
         config = load_config(config_path)
     except ConfigError as err:
-        raise click.ClickException(str(err)) from err
+        raise click.ClickException(one_line(err)) from err
     out_dir = out or config.output.dir
     console = _console()
     try:
         outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
     except ExperimentError as err:
-        raise click.ClickException(str(err)) from err
+        raise click.ClickException(one_line(err)) from err
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]: finished answers are saved in {out_dir}; "
                       "run the same command again to resume")
@@ -197,7 +197,7 @@ def _load_run(source: Path) -> dict:
         try:
             run_dir = load_config(source).output.dir
         except ConfigError as err:
-            raise click.ClickException(str(err)) from err
+            raise click.ClickException(one_line(err)) from err
     if not (run_dir / "run.json").is_file():
         raise click.ClickException(f"{run_dir} is not a run directory (no run.json)")
     return load_run(run_dir)
