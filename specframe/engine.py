@@ -107,6 +107,7 @@ class SpecDecoder:
                 f"drafter {drafter.name!r} has vocabulary size {drafter.vocab_size}, the target has "
                 f"{target.vocab_size}: the pair must share one tokenizer"
             )
+        policy.attach(target)  # e.g. "auto" sizes read (or measure once) the cost curve
 
     @classmethod
     def build(
@@ -221,7 +222,8 @@ class SpecDecoder:
         return verifier
 
     def _build_tree(self, committed: list[int], generator: torch.Generator | None = None):
-        session = DraftSession(self.drafter, committed[-1], self.target.device, generator)
+        session = DraftSession(self.drafter, committed[-1], self.target.device, generator,
+                               context_len=len(committed))
         limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
         # The fast path checks the tree's values on the device later, with the verdict; its

@@ -78,16 +78,19 @@ class DraftSession:
 
     ``generator``: the engine's per-call randomness (``generate(seed=...)``) for policies that
     sample children; None lets such a policy use its own generator or torch's global one.
+    ``context_len``: committed tokens, root included (None when unknown); hardware-aware
+    policies price a tree at this context length.
     """
 
     def __init__(
         self, drafter: Drafter, root_token: int, device: torch.device,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, context_len: int | None = None,
     ) -> None:
         self.drafter = drafter
         self.root_token = int(root_token)
         self.device = device
         self.generator = generator
+        self.context_len = context_len
         self.draft_forwards = 0
         self.draft_time = 0.0
 
@@ -126,6 +129,10 @@ class TreePolicy(ABC):
 
     def reset(self) -> None:
         """Forget adaptive state at the start of a generation."""
+
+    def attach(self, target: "TargetModel") -> None:
+        """Called once by the decoder with its target; hardware-aware policies read the
+        target's cost curve here (:mod:`specframe.profile`). Default: nothing."""
 
     @abstractmethod
     def build(self, session: DraftSession, budget: int) -> DraftTree:

@@ -4,11 +4,17 @@ Greedy drafting (top-1 child, ``drafting="deterministic"``) by default; with ``s
 each token is drawn from the raw draft softmax q and the tree records q at every expanded node
 (``drafting="iid"``), which is Leviathan et al.'s speculative sampling when verified by the
 ``sampling`` verifier.
+
+``gamma="auto"`` sizes each chain from the measured cost curve and the acceptance history
+(:mod:`._auto`, docs/auto-sizing.md): drafting stops when the next token could not pay for
+itself, and the chain is cut where the modelled tokens per second peak (possibly at the root:
+a plain decoding step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -16,6 +22,7 @@ from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import require
 from specframe.tree import DraftTree
 
+from ._auto import AUTO, AutoSizer, check_size_option, stop_growing
 from ._helpers import topk_children
 from ._sampling import draft_distribution, rank_in_row, sample_iid, session_generator
 
@@ -27,10 +34,13 @@ class ChainOptions:
     """Options of the ``chain`` policy.
 
     Attributes:
-        gamma: tokens drafted per step (the tree has gamma + 1 nodes with the root).
+        gamma: tokens drafted per step (the tree has gamma + 1 nodes with the root), or
+            ``"auto"``: each step's length maximises modelled tokens per second (measured cost
+            curve, running acceptance statistics), up to ``max_gamma``; needs the constant
+            schedule.
         schedule: ``constant``, or ``heuristic`` (HF assisted generation: gamma += 2 after a
             fully accepted draft, else gamma = max(1, gamma - 1)).
-        max_gamma: upper bound of gamma under the heuristic schedule.
+        max_gamma: upper bound of gamma under the heuristic schedule and ``gamma="auto"``.
         confidence_stop: stop drafting after a token whose draft probability is below
             ``confidence_threshold`` (that token is still kept), as HF's
             ``assistant_confidence_threshold``.
@@ -42,7 +52,7 @@ class ChainOptions:
             None uses torch's global generator.
     """
 
-    gamma: int = 4
+    gamma: int | str = 4
     schedule: str = "constant"
     max_gamma: int = 32
     confidence_stop: bool = False
@@ -51,9 +61,12 @@ class ChainOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        require(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
+        check_size_option(self.gamma, "gamma", 1)
         require(self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
-        require(self.max_gamma >= self.gamma, "max_gamma", f"must be >= gamma ({self.gamma}), got {self.max_gamma}")
+        require(self.gamma != AUTO or self.schedule == "constant", "schedule",
+                "must be 'constant' with gamma=\"auto\" (the size chooser replaces the schedule)")
+        top = 1 if self.gamma == AUTO else self.gamma
+        require(self.max_gamma >= top, "max_gamma", f"must be >= gamma ({self.gamma}), got {self.max_gamma}")
         require(0.0 <= self.confidence_threshold <= 1.0, "confidence_threshold", "must be in [0, 1]")
 
 
@@ -66,24 +79,40 @@ class ChainPolicy(TreePolicy):
     def __init__(self, options: ChainOptions) -> None:
         super().__init__(options)
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
+        self.sizer = AutoSizer(options.max_gamma + 1) if options.gamma == AUTO else None
         self.reset()
 
     @property
     def budget(self) -> int:
-        """Largest chain the schedule can ask for, root included."""
-        top = self.options.max_gamma if self.options.schedule == "heuristic" else self.options.gamma
-        return top + 1
+        """Largest chain the schedule (or the auto size) can ask for, root included."""
+        auto = self.sizer is not None or self.options.schedule == "heuristic"
+        return (self.options.max_gamma if auto else self.options.gamma) + 1
+
+    def attach(self, target: Any) -> None:
+        """``gamma="auto"`` reads the target's cost curve (measured and cached on first use)."""
+        if self.sizer is not None:
+            self.sizer.attach(target)
 
     def reset(self) -> None:
-        """Restart the schedule at the configured gamma."""
-        self.gamma = self.options.gamma
+        """Restart the schedule at the configured gamma (auto: keep the acceptance statistics)."""
+        self.gamma = self.options.max_gamma if self.sizer is not None else self.options.gamma
+        if self.sizer is not None:
+            self.sizer.reset()
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each."""
+        """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each
+        (auto: up to the step's cap, then cut where the modelled rate peaks)."""
+        if self.sizer is None:
+            return self.draft(session, min(self.gamma, budget - 1))
+        tree = self.draft(session, min(self.sizer.cap, budget) - 1, self.sizer)
+        return self.sizer.prune(tree, session)
+
+    def draft(self, session: DraftSession, gamma: int, sizer: AutoSizer | None = None) -> DraftTree:
+        """A chain of up to ``gamma`` drafted tokens; a ``sizer`` may stop it early."""
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
         node, drawn_from = 0, []
-        for _ in range(min(self.gamma, budget - 1)):
+        for _ in range(gamma):
             logp = session.expand(tree, [node])
             if self.options.sample:
                 q = draft_distribution(logp)
@@ -96,6 +125,8 @@ class ChainPolicy(TreePolicy):
             node = len(tree) - 1
             if self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold:
                 break
+            if stop_growing(sizer, tree, torch.tensor([node], device=tree.device), session):
+                break
         if not self.options.sample:
             return tree
         # Row u = the q node u's child was drawn from; the last node was never expanded.
@@ -104,7 +135,10 @@ class ChainPolicy(TreePolicy):
         return replace(tree, draft_probs=torch.stack(rows), drafting="iid")
 
     def observe(self, step: StepStats) -> None:
-        """Heuristic schedule: grow after a fully accepted draft, shrink otherwise."""
+        """Heuristic schedule: grow after a fully accepted draft, shrink otherwise; auto: learn."""
+        if self.sizer is not None:
+            self.sizer.observe(step)
+            return
         if self.options.schedule != "heuristic":
             return
         if step.accepted == step.tree_size - 1:

@@ -5,18 +5,24 @@ in one forward, add their top-K children each (K*K candidates) to the pool and k
 by cumulative log-prob as the next frontier. Finally re-rank the whole pool and keep the best
 N-1 nodes in pool (layer-major) order. Width and depth are fixed, so every step spends
 ``depth + 1`` draft forwards whatever the context.
+
+``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history
+(:mod:`._auto`, docs/auto-sizing.md); the frontier width is then at most a quarter of the
+step's build cap, and layers stop when their best node could not pay for itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, TreePolicy
+from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import require
 from specframe.tree import DraftTree
 
+from ._auto import AUTO, AutoSizer, auto_top_k, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
@@ -25,18 +31,23 @@ class EagleOptions:
     """Options of the ``eagle`` policy.
 
     Attributes:
-        budget: N = EAGLE's ``total_token``, the tree size including the root.
+        budget: N = EAGLE's ``total_token``, the tree size including the root, or ``"auto"``
+            (EAGLE's ``total_token=-1`` in spirit): each step keeps the size that maximises
+            modelled tokens per second, up to ``max_budget``.
         top_k: K, children kept per expanded node and frontier width.
         depth: D, expansion rounds after the root (D + 1 draft forwards, tree depth <= D + 1).
             EAGLE's default is 7; its evaluation scripts use 5.
+        max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int = 60
+    budget: int | str = 60
     top_k: int = 10
     depth: int = 7
+    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        check_size_option(self.budget, "budget", 2)
+        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
         require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
 
@@ -47,10 +58,41 @@ class EaglePolicy(TreePolicy):
     name = "eagle"
     Options = EagleOptions
 
+    def __init__(self, options: EagleOptions) -> None:
+        super().__init__(options)
+        self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
+
+    @property
+    def budget(self) -> int:
+        """N, or ``max_budget`` under ``budget="auto"``."""
+        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
+
+    def attach(self, target: Any) -> None:
+        """``budget="auto"`` reads the target's cost curve (measured and cached on first use)."""
+        if self.sizer is not None:
+            self.sizer.attach(target)
+
+    def reset(self) -> None:
+        """Per-sequence state goes; acceptance statistics persist (same pair)."""
+        if self.sizer is not None:
+            self.sizer.reset()
+
+    def observe(self, step: StepStats) -> None:
+        """Feed the auto sizer."""
+        if self.sizer is not None:
+            self.sizer.observe(step)
+
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes."""
-        n_max = min(int(budget), self.budget)
-        k = self.options.top_k
+        """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes (auto:
+        build to the step's cap, then keep the best-paying top-n)."""
+        if self.sizer is None:
+            return self.grow(session, min(int(budget), self.budget), self.options.top_k)
+        cap = min(int(budget), self.sizer.cap)
+        tree = self.grow(session, cap, auto_top_k(self.options.top_k, cap), self.sizer)
+        return self.sizer.prune(tree, session)
+
+    def grow(self, session: DraftSession, n_max: int, k: int, sizer: AutoSizer | None = None) -> DraftTree:
+        """EAGLE's ``topK_genrate`` for a tree of ``n_max`` nodes; a ``sizer`` may stop it early."""
         pool = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=pool.device)
         frontier = torch.zeros(1, dtype=torch.long, device=pool.device)
@@ -67,4 +109,6 @@ class EaglePolicy(TreePolicy):
             pool, scores, new_nodes = append_children(pool, scores, frontier, finite, cand, tokens, ranks)
             # Next frontier: top-K of this layer's candidates, best first as in EAGLE.
             frontier = new_nodes[top_indices(scores[new_nodes], k)]
+            if stop_growing(sizer, pool, new_nodes, session):
+                break
         return select_top(pool, scores, n_max)

@@ -5,18 +5,24 @@ nodes. Layers of n candidates are drafted greedily (each layer: the n best child
 previous layer, one forward); drafting stops when the best achievable sum over everything
 drafted so far (``Esub``, the sum of the n largest p, ancestor-closed by the paper's Thm 3.1)
 improves by no more than ``threshold``, or at ``max_depth``. The tree is the n best nodes.
+
+``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history
+(:mod:`._auto`, docs/auto-sizing.md): n follows the step's build cap, layers also stop when
+their best node could not pay for itself, and the calibrated top-n is kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, TreePolicy
+from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import require
 from specframe.tree import DraftTree
 
+from ._auto import AUTO, AutoSizer, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
@@ -25,19 +31,23 @@ class OptTreeOptions:
     """Options of the ``opt-tree`` policy.
 
     Attributes:
-        budget: N, tree size including the root; n = N - 1 drafted nodes.
+        budget: N, tree size including the root; n = N - 1 drafted nodes; or ``"auto"``: each
+            step keeps the size that maximises modelled tokens per second, up to ``max_budget``.
         threshold: stop when one more layer raises E[accepted] by no more than this. The paper
             picks it in [c, 1] with c = draft step time / target step time (0.2 for small LMs,
             0.8 for EAGLE heads).
         max_depth: hard cap on the number of drafted layers (= draft forwards).
+        max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int = 60
+    budget: int | str = 60
     threshold: float = 0.5
     max_depth: int = 10
+    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        check_size_option(self.budget, "budget", 2)
+        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
         require(self.threshold >= 0.0, "threshold", f"must be >= 0, got {self.threshold}")
         require(self.max_depth >= 1, "max_depth", f"must be >= 1, got {self.max_depth}")
 
@@ -53,9 +63,41 @@ class OptTreePolicy(TreePolicy):
     name = "opt-tree"
     Options = OptTreeOptions
 
+    def __init__(self, options: OptTreeOptions) -> None:
+        super().__init__(options)
+        self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
+
+    @property
+    def budget(self) -> int:
+        """N, or ``max_budget`` under ``budget="auto"``."""
+        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
+
+    def attach(self, target: Any) -> None:
+        """``budget="auto"`` reads the target's cost curve (measured and cached on first use)."""
+        if self.sizer is not None:
+            self.sizer.attach(target)
+
+    def reset(self) -> None:
+        """Per-sequence state goes; acceptance statistics persist (same pair)."""
+        if self.sizer is not None:
+            self.sizer.reset()
+
+    def observe(self, step: StepStats) -> None:
+        """Feed the auto sizer."""
+        if self.sizer is not None:
+            self.sizer.observe(step)
+
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft layers of n candidates until the gain drops to ``threshold``; keep the n best."""
-        n = min(int(budget), self.budget) - 1
+        """Draft layers of n candidates until the gain drops to ``threshold``; keep the n best
+        (auto: n from the step's cap, then keep the best-paying top-n)."""
+        if self.sizer is None:
+            return self.grow(session, min(int(budget), self.budget))
+        tree = self.grow(session, min(int(budget), self.sizer.cap), self.sizer)
+        return self.sizer.prune(tree, session)
+
+    def grow(self, session: DraftSession, n_nodes: int, sizer: AutoSizer | None = None) -> DraftTree:
+        """OPT-Tree's greedy layers for a tree of ``n_nodes``; a ``sizer`` may stop it early."""
+        n = n_nodes - 1
         pool = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=pool.device)
         last = torch.zeros(1, dtype=torch.long, device=pool.device)
@@ -72,6 +114,8 @@ class OptTreePolicy(TreePolicy):
             # version lags one layer behind).
             esub = best_sum(scores, n)
             if depth >= self.options.max_depth or esub - expected <= self.options.threshold:
+                break
+            if stop_growing(sizer, pool, last, session):
                 break
             expected = esub
         return select_top(pool, scores, n + 1)

@@ -7,19 +7,24 @@ whole layer (a min-p gate anchored at the layer's argmax). A layer that would ov
 budget keeps only its best ``N - |T|`` nodes, so the tree always ends with exactly N nodes
 (given a drafter with enough finite candidates). Confident drafts give deep, narrow trees;
 uncertain ones give shallow, wide trees, and the number of draft forwards adapts with them.
+
+``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history and
+``mu="auto"`` picks the gate online (:mod:`._auto`, docs/auto-sizing.md).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, TreePolicy
+from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import require
 from specframe.tree import DraftTree
 
+from ._auto import AUTO, AutoSizer, MuBandit, auto_top_k, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, top_indices, topk_children
 
 
@@ -28,21 +33,29 @@ class TalonOptions:
     """Options of the ``talon`` policy.
 
     Attributes:
-        budget: N, the tree size including the root (N = 60 means 59 drafted nodes).
+        budget: N, the tree size including the root (N = 60 means 59 drafted nodes), or
+            ``"auto"``: each step keeps the size that maximises modelled tokens per second
+            (measured cost curve, running acceptance statistics), up to ``max_budget``.
         mu: relative gate in (0, 1]: a candidate survives when p(u) >= mu * max p over the layer.
-            Smaller mu keeps more nodes per layer (wider, shallower trees).
-        top_k: K, the number of nodes kept by each of the first ``init_layers`` layers.
+            Smaller mu keeps more nodes per layer (wider, shallower trees). ``"auto"``: chosen
+            online by a bandit over a grid of gates (reward: tokens per modelled second).
+        top_k: K, the number of nodes kept by each of the first ``init_layers`` layers (with
+            ``budget="auto"``: at most a quarter of the step's build cap).
         init_layers: how many leading layers use Top-K instead of the gate (paper: 1).
+        max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int = 60
-    mu: float = 0.03
+    budget: int | str = 60
+    mu: float | str = 0.03
     top_k: int = 10
     init_layers: int = 1
+    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
-        require(0.0 < self.mu <= 1.0, "mu", f"must be in (0, 1], got {self.mu}")
+        check_size_option(self.budget, "budget", 2)
+        require(self.mu == AUTO or (isinstance(self.mu, (int, float)) and 0.0 < self.mu <= 1.0), "mu",
+                f"must be in (0, 1] or \"auto\", got {self.mu!r}")
+        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
         require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         require(self.init_layers >= 0, "init_layers", f"must be >= 0, got {self.init_layers}")
 
@@ -53,10 +66,52 @@ class TalonPolicy(TreePolicy):
     name = "talon"
     Options = TalonOptions
 
+    def __init__(self, options: TalonOptions) -> None:
+        super().__init__(options)
+        self.auto_size = options.budget == AUTO
+        self.bandit = MuBandit() if options.mu == AUTO else None
+        # The cost model also prices the bandit's rewards, so a fixed budget with mu="auto" has one.
+        self.sizer: AutoSizer | None = (
+            AutoSizer(options.max_budget) if self.auto_size or self.bandit else None)
+
+    @property
+    def budget(self) -> int:
+        """N, or ``max_budget`` under ``budget="auto"``."""
+        return self.options.max_budget if self.auto_size else int(self.options.budget)
+
+    def attach(self, target: Any) -> None:
+        """Auto options read the target's cost curve (measured and cached on first use)."""
+        if self.sizer is not None:
+            self.sizer.attach(target)
+
+    def reset(self) -> None:
+        """Per-sequence state goes; acceptance statistics and the bandit persist (same pair)."""
+        if self.sizer is not None:
+            self.sizer.reset()
+
+    def observe(self, step: StepStats) -> None:
+        """Feed the auto sizer and the mu bandit."""
+        if self.sizer is None:
+            return
+        rate = self.sizer.observe(step)
+        if self.bandit is not None and rate > 0.0:
+            self.bandit.reward(rate)
+
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Grow layers until the tree holds ``min(budget, self.budget)`` nodes."""
-        n_max = min(int(budget), self.budget)
-        log_mu = math.log(self.options.mu)
+        """Grow layers until the tree holds ``min(budget, self.budget)`` nodes (auto: the step's
+        cap, then keep the best-paying top-n)."""
+        mu = self.bandit.choose() if self.bandit is not None else float(self.options.mu)
+        if not self.auto_size:
+            tree = self.grow(session, min(int(budget), self.budget), mu, self.options.top_k)
+            return self.sizer.prune(tree, session, choose=False) if self.sizer is not None else tree
+        cap = min(int(budget), self.sizer.cap)
+        tree = self.grow(session, cap, mu, auto_top_k(self.options.top_k, cap), self.sizer)
+        return self.sizer.prune(tree, session)
+
+    def grow(self, session: DraftSession, n_max: int, mu: float, top_k: int,
+             sizer: AutoSizer | None = None) -> DraftTree:
+        """TALON's layer loop (Alg. 2) up to ``n_max`` nodes; a ``sizer`` may stop it early."""
+        log_mu = math.log(mu)
         tree = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=tree.device)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
@@ -64,7 +119,7 @@ class TalonPolicy(TreePolicy):
         while len(tree) < n_max and len(frontier):
             room = n_max - len(tree)
             initial = depth < self.options.init_layers
-            keep_at_most = min(room, self.options.top_k) if initial else room
+            keep_at_most = min(room, top_k) if initial else room
             # Only a parent's top-`keep_at_most` children can survive the final truncation,
             # so a per-row partial top-k replaces a pass over the whole vocabulary.
             values, tokens, ranks = topk_children(session.expand(tree, frontier), keep_at_most)
@@ -80,4 +135,6 @@ class TalonPolicy(TreePolicy):
             chosen = torch.sort(chosen).values
             tree, scores, frontier = append_children(tree, scores, frontier, chosen, cand, tokens, ranks)
             depth += 1
+            if stop_growing(sizer, tree, frontier, session):
+                break
         return tree

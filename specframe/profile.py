@@ -1,0 +1,287 @@
+"""The target's cost curve T(n): seconds of one verification forward of n tree tokens.
+
+How large a draft tree should be depends on how T(n) grows with n on the hardware at hand: on a
+large GPU a 60-node tree costs about one decoding step, on a CPU it costs several. Hardware-aware
+policies (``budget="auto"``, ``gamma="auto"``) read the curve from here.
+
+A curve is measured for one model on one device, dtype and thread count, at a few cache lengths
+(the committed context the tree attends to), and cached as JSON under
+``specframe.gguf.cache_root()/profiles``, keyed by model, device, dtype, threads and torch
+version. :func:`curve_for` returns the cached curve or measures a short one (a few seconds) and
+caches it; ``specframe profile MODEL`` measures a longer one, prints it and plots it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .tree import DraftTree
+
+#: Tree sizes (root included) and cache lengths of the short curve measured at first use.
+QUICK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+QUICK_CACHE_LENS = (64, 512)
+QUICK_REPS = 3
+#: The longer curve of ``specframe profile``.
+FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+FULL_CACHE_LENS = (128, 512, 2048)
+FULL_REPS = 7
+
+_MEMO: dict[str, "CostCurve"] = {}  # one measurement per process and key
+
+
+@dataclass
+class CostCurve:
+    """Median seconds of a target forward of ``sizes[j]`` tree tokens at ``cache_lens[i]``.
+
+    Attributes:
+        key: what the curve belongs to (model, device, dtype, threads, torch version).
+        sizes: tree sizes n, ascending (root included: n = 1 is a plain decoding step).
+        cache_lens: committed tokens already in the KV cache, ascending.
+        seconds: ``seconds[i][j]`` = T(sizes[j]) at ``cache_lens[i]``.
+    """
+
+    key: str
+    sizes: list[int]
+    cache_lens: list[int]
+    seconds: list[list[float]]
+
+    def time(self, n: int, cache_len: int | None = None) -> float:
+        """T(n) in seconds at ``cache_len`` (None: the shortest measured), interpolated linearly
+        in n and in the cache length, extrapolated linearly beyond the measured ranges."""
+        rows = [_interp(self.sizes, row, n) for row in self.seconds]
+        if cache_len is None or len(rows) == 1:
+            return max(rows[0], 0.0)
+        return max(_interp(self.cache_lens, rows, cache_len), 0.0)
+
+    def times(self, n_max: int, cache_len: int | None = None) -> list[float]:
+        """``[T(1), ..., T(n_max)]``, made non-decreasing (a larger tree never costs less; a
+        measured dip is noise and would make a size chooser jump to it)."""
+        out: list[float] = []
+        for n in range(1, n_max + 1):
+            out.append(max(self.time(n, cache_len), out[-1] if out else 0.0))
+        return out
+
+    def ratios(self, cache_len: int | None = None) -> list[float]:
+        """T(n) / T(1) at the measured sizes."""
+        base = self.time(1, cache_len)
+        return [self.time(n, cache_len) / base for n in self.sizes]
+
+    def to_json(self) -> str:
+        """The curve as JSON (what the cache file holds)."""
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostCurve":
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
+
+    @classmethod
+    def synthetic(cls, fn: Callable[[int], float], sizes: tuple[int, ...] = QUICK_SIZES) -> "CostCurve":
+        """A curve with T(n) = ``fn(n)`` (tests and projections)."""
+        return cls("synthetic", list(sizes), [0], [[float(fn(n)) for n in sizes]])
+
+
+def _interp(xs: list[int], ys: list[float], x: float) -> float:
+    """Piecewise-linear interpolation, extended linearly past both ends."""
+    if len(xs) == 1:
+        return ys[0]
+    j = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# ---------------------------------------------------------------------- keys and the cache
+def model_label(model: Any) -> str:
+    """A readable model name plus a hash of its config (weights do not change the cost)."""
+    cfg = model.config
+    name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
+    name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
+    digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
+    return f"{_safe(name)}-{digest}"
+
+
+def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
+    """Cache key: model, device, dtype, torch threads and torch version."""
+    threads = torch.get_num_threads() if threads is None else threads
+    dev = device.type if device.index is None else f"{device.type}{device.index}"
+    if device.type == "cuda":
+        dev += "-" + _safe(torch.cuda.get_device_name(device))
+    return "_".join([model_label(model), dev, str(dtype).replace("torch.", ""), f"t{threads}",
+                     "torch" + _safe(torch.__version__)])
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
+
+
+def cache_dir() -> Path:
+    """Where curves are cached: ``specframe.gguf.cache_root() / "profiles"``."""
+    from .gguf import cache_root
+
+    return cache_root() / "profiles"
+
+
+def load_cached(key: str) -> CostCurve | None:
+    """The cached curve of ``key``, or None (a damaged file counts as absent)."""
+    if key in _MEMO:
+        return _MEMO[key]
+    path = cache_dir() / f"{key}.json"
+    try:
+        curve = CostCurve.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+    _MEMO[key] = curve
+    return curve
+
+
+def save(curve: CostCurve) -> Path:
+    """Write ``curve`` to the cache (atomically) and return the file."""
+    path = cache_dir() / f"{curve.key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(curve.to_json(), encoding="utf-8")
+    tmp.replace(path)
+    _MEMO[curve.key] = curve
+    return path
+
+
+# ---------------------------------------------------------------------- measuring
+def balanced_tree(n: int, vocab: int, fanout: int = 4) -> DraftTree:
+    """An n-node tree of the given fan-out (breadth first): a typical verification workload."""
+    parents = [-1] + [(i - 1) // fanout for i in range(1, n)]
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    return DraftTree(tokens=torch.tensor([(7 * i + 1) % vocab for i in range(n)]),
+                     parents=torch.tensor(parents), depths=torch.tensor(depths),
+                     logp=torch.zeros(n), ranks=torch.zeros(n, dtype=torch.long))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple[int, ...] = QUICK_CACHE_LENS,
+            reps: int = QUICK_REPS) -> CostCurve:
+    """Measure T(n) of ``target`` (a :class:`~specframe.target.TargetModel`): median of ``reps``
+    tree forwards after one warm-up, for each size on top of each cache length.
+
+    Cache lengths beyond the model's positions are skipped. Leaves the target's cache reset.
+    """
+    device, vocab = target.device, target.vocab_size
+    usable = [c for c in cache_lens if c + max(sizes) < target.max_positions] or [1]
+    seconds = []
+    for cache_len in usable:
+        target.reset()
+        if cache_len > 1:
+            target.causal_forward(torch.arange(cache_len - 1, device=device) % vocab)
+        seconds.append([_time_tree(target, balanced_tree(n, vocab), cache_len, reps) for n in sizes])
+    target.reset()
+    return CostCurve(curve_key(target.model, device, target.dtype), list(sizes), usable, seconds)
+
+
+def _time_tree(target: Any, tree: DraftTree, cache_len: int, reps: int) -> float:
+    """Median seconds of one forward of ``tree`` whose root sits at position ``cache_len - 1``."""
+    device = target.device
+    tokens, mask = tree.tokens.to(device), tree.ancestor_mask().to(device)
+    positions = tree.positions(cache_len).to(device)
+    prefix = target.cache_len
+    times = []
+    for rep in range(reps + 1):
+        _sync(device)
+        start = time.perf_counter()
+        target.tree_forward(tokens, positions, mask, max_position=cache_len - 2 + len(tree))
+        _sync(device)
+        if rep:  # the first run is a warm-up
+            times.append(time.perf_counter() - start)
+        target.keep(prefix, torch.empty(0, dtype=torch.long), contiguous=True)  # back to the prefix
+    return statistics.median(times)
+
+
+def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
+    """The cached curve of ``target`` for the current threads, else (by default) a short one
+    measured now and cached. None when absent and ``measure_if_missing`` is False."""
+    key = curve_key(target.model, target.device, target.dtype)
+    curve = load_cached(key)
+    if curve is None and measure_if_missing:
+        curve = measure(target)
+        try:
+            save(curve)
+        except OSError:  # a read-only cache still gets the curve for this process
+            _MEMO[key] = curve
+    return curve
+
+
+# ---------------------------------------------------------------------- presenting
+def format_table(curve: CostCurve) -> str:
+    """T(n) in ms and T(n)/T(1) per cache length, one row per size."""
+    head = "    n  " + "  ".join(f"{f'L={c} ms':>11} {'x T(1)':>7}" for c in curve.cache_lens)
+    lines = [f"cost curve {curve.key}", head]
+    for j, n in enumerate(curve.sizes):
+        cells = [f"{1e3 * row[j]:>11.3f} {row[j] / row[0]:>7.2f}" for row in curve.seconds]
+        lines.append(f"{n:>5}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(curve: CostCurve, path: Path) -> Path:
+    """Plot T(n)/T(1) against n (one line per cache length) to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, cache_len in enumerate(curve.cache_lens):
+        row = curve.seconds[i]
+        ax.plot(curve.sizes, [t / row[0] for t in row], marker="o", label=f"cache {cache_len}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree tokens n (root included)")
+    ax.set_ylabel("T(n) / T(1)")
+    ax.set_title(curve.key, fontsize=7)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)`` sorted, ``None`` -> ``default``; sizes must be >= 1."""
+    if not text:
+        return default
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not values or values[0] < 1:
+        raise ValueError(f"expected comma-separated integers >= 1, got {text!r}")
+    return tuple(values)
+
+
+def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
+                  sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
+                  reps: int = FULL_REPS, plot_path: Path | None = None) -> tuple[CostCurve, Path, Path]:
+    """Load ``name`` (path, hub id or shipped name), measure its curve, cache it and plot it.
+
+    Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
+    for the measurement (and the key); None keeps the current setting.
+    """
+    from .experiment import resolve_device
+    from .target import TargetModel, load_causal_lm
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    target = TargetModel(load_causal_lm(name, dtype=dtype, device=resolve_device(device)))
+    curve = measure(target, sizes, cache_lens, reps)
+    path = save(curve)
+    png = plot(curve, plot_path or path.with_suffix(".png"))
+    return curve, path, png
