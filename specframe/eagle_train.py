@@ -60,6 +60,7 @@ class TrainConfig:
     save_dtype: str = "float16"
     work: str | None = None
     checkpoint_every_s: float = 120.0
+    lm_head_init: str = "target"
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -67,6 +68,8 @@ class TrainConfig:
             raise click.BadParameter(f"kind must be eagle or eagle3, got {self.kind!r}", param_hint="--kind")
         if not self.steps and not self.minutes:
             raise click.BadParameter("give --steps or --minutes (or both: whichever ends first)", param_hint="--steps")
+        if self.lm_head_init not in ("target", "random"):
+            raise click.BadParameter(f"must be target or random, got {self.lm_head_init!r}", param_hint="--lm-head-init")
         if self.ttt_steps < 1:
             raise click.BadParameter(f"must be >= 1, got {self.ttt_steps}", param_hint="--ttt-steps")
 
@@ -224,7 +227,20 @@ def _new_head(cfg: TrainConfig, model: Any, stream: torch.Tensor) -> Any:
                 param.zero_()
     if cfg.kind == "eagle3":
         set_draft_vocab(head, frequent_tokens(stream, vocab, dv))
+        if cfg.lm_head_init == "target":
+            _copy_target_output_layer(head, model)
     return head.float().train()
+
+
+def _copy_target_output_layer(head: Any, model: Any) -> None:
+    """Start the EAGLE-3 head's norm and lm_head from the target's final norm and the rows of its
+    output layer for the draft vocabulary: the head then only has to learn to produce last-layer
+    features, not a new output space, which matters when CPU training sees few tokens."""
+    with torch.no_grad():
+        head.lm_head.weight.copy_(model.get_output_embeddings().weight[head.draft_ids.to("cpu")])
+        norm = getattr(getattr(model, "model", None), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape == head.norm.weight.shape:
+            head.norm.weight.copy_(norm.weight)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
@@ -331,11 +347,13 @@ def _progress(cfg: TrainConfig, enabled: bool) -> Any:
 @click.option("--threads", type=int, default=None, help="torch CPU threads.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--save-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True)
+@click.option("--lm-head-init", type=click.Choice(["target", "random"]), default="target", show_default=True,
+              help="EAGLE-3: start norm and lm_head from the target's final norm and output rows, or at random.")
 @click.option("--work", default=None, help="Training-state directory (default OUT/.train-state); rerun to resume.")
 @click.option("--no-progress", is_flag=True, help="Plain output (no progress bar).")
 def train_eagle_command(target, data, out, kind, steps, minutes, batch_size, seq_len, ttt_steps, lr, warmup_steps,
-                        draft_vocab_size, aux_layers, intermediate_size, device, threads, seed, save_dtype, work,
-                        no_progress) -> None:
+                        draft_vocab_size, aux_layers, intermediate_size, device, threads, seed, save_dtype, lm_head_init,
+                        work, no_progress) -> None:
     """Train an EAGLE-1/2 or EAGLE-3 draft head for TARGET on text (self-distillation)."""
     if threads:
         torch.set_num_threads(threads)
@@ -344,6 +362,6 @@ def train_eagle_command(target, data, out, kind, steps, minutes, batch_size, seq
                       batch_size=batch_size, seq_len=seq_len, ttt_steps=ttt_steps, lr=lr, warmup_steps=warmup_steps,
                       draft_vocab_size=draft_vocab_size, aux_layer_ids=layer_ids, intermediate_size=intermediate_size,
                       seed=seed, device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
-                      save_dtype=save_dtype, work=work)
+                      save_dtype=save_dtype, work=work, lm_head_init=lm_head_init)
     summary = train(cfg, progress=not no_progress)
     click.echo(json.dumps(summary))
