@@ -102,15 +102,39 @@ def layer_types(config: Any) -> tuple[str, ...]:
     return (SLIDING_ATTENTION if sliding else FULL_ATTENTION,) * n
 
 
+def _decoder(model: Any) -> Any:
+    """The decoder stack under the LM head (``model.model`` / ``model.transformer``)."""
+    return getattr(model, "model", None) or getattr(model, "transformer", None) or model
+
+
+def _reads_sliding_window(model: Any) -> bool:
+    """Whether the model's modeling code uses a sliding window at all: some configs carry a
+    ``sliding_window`` their model ignores, and the model's own decoding is the reference."""
+    try:
+        source = inspect.getsource(inspect.getmodule(type(_decoder(model))))
+    except (OSError, TypeError):
+        return True  # unknown code: assume it honours its config
+    return "sliding_window" in source
+
+
+def effective_layer_types(model: Any) -> tuple[str, ...]:
+    """:func:`layer_types`, where "sliding" layers that cannot slide in this model (no window
+    size in the config, or modeling code that never reads it) count as full attention."""
+    types = layer_types(model.config)
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    if SLIDING_ATTENTION in types and not (window and _reads_sliding_window(model)):
+        types = tuple(FULL_ATTENTION if t == SLIDING_ATTENTION else t for t in types)
+    return types
+
+
 def _takes_mask_dict(model: Any) -> bool:
     """Whether the model's decoder accepts ``{layer type: 4D mask}`` as its attention mask.
 
     transformers' hybrid models test ``isinstance(attention_mask, dict)`` in their decoder's
     forward; older or custom ones do not, and would apply one mask to every layer.
     """
-    decoder = getattr(model, "model", None) or getattr(model, "transformer", None) or model
     try:
-        source = inspect.getsource(type(decoder).forward)
+        source = inspect.getsource(type(_decoder(model)).forward)
     except (OSError, TypeError):
         return False
     return "attention_mask, dict" in source or "isinstance(attention_mask, dict)" in source
@@ -118,6 +142,12 @@ def _takes_mask_dict(model: Any) -> bool:
 
 def _check_layer_types(model: Any, architecture: str, types: tuple[str, ...]) -> None:
     """Refuse layer types a tree mask cannot express, and hybrids that take one mask only."""
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "use_bidirectional_attention", False) or getattr(cfg, "is_causal", True) is False:
+        raise UnsupportedModelError(
+            f"{architecture}: configured for bidirectional attention (an encoder or embedding "
+            "model), so it does not decode left to right and has no tree to verify"
+        )
     local = getattr(model.config, "attention_layers", None) or ()
     if "local" in local:  # GPT-Neo
         raise UnsupportedModelError(
@@ -169,7 +199,7 @@ class TargetModel:
         self.max_positions: int = int(
             getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 1 << 30
         )
-        self.layer_types = layer_types(model.config)
+        self.layer_types = effective_layer_types(model)
         _check_layer_types(model, self.architecture, self.layer_types)
         self.sliding_window: int | None = (
             int(cfg.sliding_window) if SLIDING_ATTENTION in self.layer_types else None
