@@ -107,7 +107,9 @@ def fresh_registry():
 
 # ---------------------------------------------------------------------- 1. output directory lock
 def test_two_real_runs_on_one_directory_one_refuses_and_nothing_is_duplicated(tmp_path):
-    cfg = write_config(tmp_path, n_prompts=40, max_new=24)
+    # Long enough that a fast machine is still computing when the second run starts: it is
+    # interrupted as soon as the second has refused, so the size costs nothing on slow ones.
+    cfg = write_config(tmp_path, n_prompts=300, max_new=32)
     first = subprocess.Popen([sys.executable, "-m", "specframe.cli", "run", str(cfg), "--no-progress"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
