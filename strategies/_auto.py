@@ -17,13 +17,19 @@ Model (docs/auto-sizing.md has the argument):
   running per-step overhead. The chooser keeps the n (n = 1: root only, a plain step) that
   maximises the rate.
 * Build size. Drafting a larger tree than the chooser keeps is waste, so the tree is built with
-  a cap of twice the largest size kept over the last few steps (doubling while it saturates),
-  and growing policies stop adding layers whose best node could not pay for itself.
+  a cap of twice the size that pays in steady state over the last few steps (where a size also
+  pays for the draft layers it needs), and growing policies stop adding layers whose best node
+  could not pay for itself.
+
+The bookkeeping runs on the host over plain lists (a layer is read back once): a tree of at most
+a few hundred nodes costs less in Python than in a dozen tiny tensor ops per layer.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+import time
 from collections import deque
 from typing import Any
 
@@ -48,98 +54,86 @@ FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (mode
 class Calibration:
     """Online P(accepted | parent accepted) per (draft-probability bin, top-ranked or not)."""
 
+    BINS = len(Q_EDGES) + 1
+
     def __init__(self) -> None:
-        n_bins = len(Q_EDGES) + 1
         upper = list(Q_EDGES) + [1.0]
         prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper]
         # Row 0: top-ranked children; row 1: the others (and unknown ranks).
         self.prior = torch.tensor([prior, prior], dtype=torch.float64)
-        self.tried = torch.zeros(2, n_bins, dtype=torch.float64)
-        self.accepted = torch.zeros(2, n_bins, dtype=torch.float64)
-        self._log_c: dict[torch.device, torch.Tensor] = {}
-        self._top_rate: float | None = None
+        self.tried = torch.zeros(2, self.BINS, dtype=torch.float64)
+        self.accepted = torch.zeros(2, self.BINS, dtype=torch.float64)
+        self._log_c: list[float] | None = None
 
     def probabilities(self) -> torch.Tensor:
         """Posterior mean ``c`` per ``[rank class, bin]``."""
         mean = (self.accepted + PRIOR_STRENGTH * self.prior) / (self.tried + PRIOR_STRENGTH)
         return mean.clamp(1e-6, C_MAX)
 
-    def log_table(self, device: torch.device) -> torch.Tensor:
-        """Flattened ``log c`` on ``device`` (index = rank class * bins + bin), cached per update."""
-        if device not in self._log_c:
-            self._log_c[device] = self.probabilities().log().flatten().to(device)
-        return self._log_c[device]
+    def log_c(self) -> list[float]:
+        """``log c`` per flat cell (rank class * BINS + bin), recomputed after each update."""
+        if self._log_c is None:
+            self._log_c = self.probabilities().log().flatten().tolist()
+        return self._log_c
 
     def record(self, cells: list[int], accepted: list[bool]) -> None:
         """Count tried nodes (flat cell index each) and which of them were accepted."""
         if not cells:
             return
-        index = torch.tensor(cells, dtype=torch.long)
-        self.tried.view(-1).index_add_(0, index, torch.ones(len(cells), dtype=torch.float64))
-        self.accepted.view(-1).index_add_(0, index, torch.tensor(accepted, dtype=torch.float64))
-        self._log_c = {}
-        self._top_rate = None
-
-    def top_child_rate(self) -> float:
-        """P(accepted | parent accepted) of top-ranked children over all bins (prior: 0.5 + 1 try)."""
-        if self._top_rate is None:
-            self._top_rate = float((self.accepted[0].sum() + 0.5) / (self.tried[0].sum() + 1.0))
-        return self._top_rate
+        tried, hits = [0.0] * (2 * self.BINS), [0.0] * (2 * self.BINS)
+        for cell, ok in zip(cells, accepted):
+            tried[cell] += 1.0
+            hits[cell] += float(ok)
+        self.tried += torch.tensor(tried, dtype=torch.float64).view(2, self.BINS)
+        self.accepted += torch.tensor(hits, dtype=torch.float64).view(2, self.BINS)
+        self._log_c = None
 
 
-_EDGES: dict[torch.device, torch.Tensor] = {}
+def cell_of(log_q: float, rank: int) -> int:
+    """Calibration cell of a node: the bin of its conditional draft probability ``exp(log_q)``
+    and whether it is its parent's top-ranked child."""
+    q = math.exp(min(log_q, 0.0))
+    return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
 
 
-def node_cells(tree: DraftTree, start: int = 0) -> torch.Tensor:
-    """Calibration cell of nodes ``start..`` (the root's is unused) from each node's conditional
-    draft probability and whether it is its parent's top-ranked child."""
-    logp = tree.logp.double()
-    parents = tree.parents[start:].clamp(min=0)
-    cond = (logp[start:] - logp[parents]).clamp(max=0.0).exp()
-    edges = _EDGES.get(tree.device)
-    if edges is None:
-        edges = _EDGES[tree.device] = torch.tensor(Q_EDGES, dtype=torch.float64, device=tree.device)
-    bins = torch.bucketize(cond, edges, right=True)
-    other = (tree.ranks[start:] != 0).long()
-    return other * (len(Q_EDGES) + 1) + bins
+class HostTree:
+    """Host lists of a tree being scored: parents, ranks, depths, cells, calibrated log path
+    probabilities. Grown layer by layer (one read per layer) or read whole (one read)."""
 
+    def __init__(self) -> None:
+        self.parents, self.ranks, self.depths = [-1], [0], [0]
+        self.cells, self.cal, self.log_c = [0], [0.0], [0.0]
 
-def calibrated_logp(tree: DraftTree, calibration: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
-    """(calibrated log path probability of every node (root 0), cell of every node)."""
-    cells = node_cells(tree)
-    log_c = calibration.log_table(tree.device)[cells]
-    log_c[0] = 0.0
-    return tree.ancestor_mask().double() @ log_c, cells
+    def __len__(self) -> int:
+        return len(self.parents)
 
+    def extend(self, tree: DraftTree, calibration: Calibration) -> None:
+        """Score nodes ``len(self)..`` of ``tree``; their parents must already be scored (true
+        of layer-wise growth and of any topological order read whole)."""
+        k, n = len(self), len(tree)
+        if k >= n:
+            return
+        parents = tree.parents[k:]
+        host = torch.cat([tree.logp[k:].double(), tree.logp[parents].double(), parents.double(),
+                          tree.ranks[k:].double(), tree.depths[k:].double()]).tolist()
+        m = n - k
+        table = calibration.log_c()
+        for j in range(m):
+            parent, rank = int(host[2 * m + j]), int(host[3 * m + j])
+            cell = cell_of(host[j] - host[m + j], rank)
+            self.parents.append(parent)
+            self.ranks.append(rank)
+            self.depths.append(int(host[4 * m + j]))
+            self.cells.append(cell)
+            self.log_c.append(table[cell])
+            self.cal.append(self.cal[parent] + table[cell])
 
-class RunningFit:
-    """Exponentially weighted least squares of y = a + b x (recent steps weigh most).
-
-    Prices one more draft layer (x = draft forwards) or one more built node (x = tree size) by
-    the slope b, so a per-step fixed cost does not inflate the price of growing."""
-
-    def __init__(self, weight: float = EMA) -> None:
-        self.weight = weight
-        self.moments: list[float] | None = None  # E[x], E[y], E[xx], E[xy]
-
-    def add(self, x: float, y: float) -> None:
-        """Record one observation."""
-        new = [x, y, x * x, x * y]
-        if self.moments is None:
-            self.moments = new
-        else:
-            self.moments = [m + self.weight * (v - m) for m, v in zip(self.moments, new)]
-
-    @property
-    def slope(self) -> float:
-        """b (>= 0); y / x while the x seen so far barely vary."""
-        if self.moments is None:
-            return 0.0
-        mx, my, mxx, mxy = self.moments
-        var = mxx - mx * mx
-        if var < 0.25:  # x nearly constant: no slope to fit
-            return max(my / mx, 0.0) if mx > 0 else 0.0
-        return max((mxy - mx * my) / var, 0.0)
+    @classmethod
+    def of(cls, tree: DraftTree, calibration: Calibration) -> "HostTree":
+        """A whole tree, read at once."""
+        host = cls()
+        host.extend(tree, calibration)
+        return host
 
 
 class AutoSizer:
@@ -149,20 +143,30 @@ class AutoSizer:
         self.max_size = int(max_size)
         self.start_cap = min(int(start_cap), self.max_size)
         self.calibration = Calibration()
-        self.curve: Any = None
+        self._curve: Any = None
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
-        self.layer_cost = RunningFit()  # build seconds against draft forwards
-        self.node_cost = RunningFit()  # build seconds against tree size
+        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
         self.rate = 0.0  # tokens per modelled second, running
-        self._times: dict[int, list[float]] = {}
-        self._cal: torch.Tensor | None = None  # scores of the tree being grown
-        self._cal_tree: DraftTree | None = None
         self.kept: deque[int] = deque(maxlen=WINDOW)
+        self._times: dict[int, list[float]] = {}
+        self._host: HostTree | None = None  # the tree being grown
+        self._grown: DraftTree | None = None  # ... as last scored
+        self._layer_start: float | None = None
         self._last: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ set-up
+    @property
+    def curve(self) -> Any:
+        """The target's :class:`~specframe.profile.CostCurve` (None: a flat stand-in)."""
+        return self._curve
+
+    @curve.setter
+    def curve(self, curve: Any) -> None:
+        self._curve = curve
+        self._times = {}  # tabulated from the old curve
+
     def attach(self, target: Any) -> None:
         """Read (or measure and cache) the target's cost curve."""
         from specframe.profile import curve_for
@@ -173,10 +177,11 @@ class AutoSizer:
     def reset(self) -> None:
         """New generation: the per-sequence state goes; what was learned about the pair stays."""
         self._last = None
+        self._host = self._grown = None
 
     @property
     def cap(self) -> int:
-        """Build budget of the next tree: twice the largest size kept lately, within limits."""
+        """Build budget of the next tree: twice the size that paid lately, within limits."""
         if not self.kept:
             return self.start_cap
         return max(2, min(self.max_size, 2 * max(self.kept)))
@@ -207,66 +212,76 @@ class AutoSizer:
             out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
         return out
 
-    def worth_growing(self, best_new: float, size: int, context: int | None) -> bool:
-        """Whether drafting another layer can pay. Its best node is expected to be accepted with
-        probability ``best_new`` (the best calibrated path probability of the layer just added)
-        times the acceptance rate of top-ranked children; that must buy the node's marginal
-        target time (the curve's mean slope up to here) plus one draft forward at the running
-        rate (tokens per second)."""
+    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None) -> bool:
+        """Whether drafting another layer can pay. The next layer's best node is expected to be
+        accepted with probability ``best_new * c_best``: the best calibrated path probability of
+        the layer just added times that node's own calibrated conditional (drafts that were
+        good keep being good: a matched n-gram continues, a fallback guess does not). That must
+        buy the node's marginal target time (the curve's mean slope up to here) plus one draft
+        layer at the running rate (tokens per second)."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
-        gain = best_new * self.calibration.top_child_rate()
-        return gain >= self.rate * (slope + self.layer_cost.slope)
+        return best_new * c_best >= self.rate * (slope + self.layer_cost)
+
+    # ------------------------------------------------------------------ growing
+    def begin(self) -> None:
+        """A build starts: layer timing runs from here, scoring from the root."""
+        self._layer_start = time.perf_counter()
+        self._host = HostTree()
+        self._grown = None
+
+    def layer_done(self) -> None:
+        """A layer was drafted and added: fold its wall time (draft forward and the policy's own
+        work) into the running cost of a layer. Timed per layer, not fitted per step, because a
+        step's fixed costs grow with the tree and would be mistaken for per-layer costs."""
+        now = time.perf_counter()
+        if self._layer_start is not None:
+            spent = now - self._layer_start
+            self.layer_cost = spent if self.layer_cost == 0.0 else self.layer_cost + EMA * (spent - self.layer_cost)
+        self._layer_start = now
+
+    def grown(self, tree: DraftTree) -> HostTree:
+        """Host view of the tree being grown, extended by the nodes added since the last call."""
+        if self._host is None:
+            self._host = HostTree()
+        self._host.extend(tree, self.calibration)
+        self._grown = tree
+        return self._host
 
     # ------------------------------------------------------------------ choosing
-    def scores(self, tree: DraftTree) -> torch.Tensor:
-        """Calibrated log path probabilities of a tree being grown layer by layer.
-
-        Called after each layer: the nodes added since the last call are scored from their
-        parents, which must all be older nodes (true of layer-wise growth), so a layer costs a
-        few small ops instead of a pass over the whole tree. A new build starts from the root.
-        """
-        cal, old = self._cal, self._cal_tree
-        if cal is None or old is None or len(old) > len(tree):
-            cal, k = torch.zeros(1, dtype=torch.float64, device=tree.device), 1
-        else:
-            k = len(old)
-        if k < len(tree):
-            log_c = self.calibration.log_table(tree.device)[node_cells(tree, k)]
-            cal = torch.cat([cal, cal[tree.parents[k:]] + log_c])
-        self._cal, self._cal_tree = cal, tree
-        return cal
-
     def prune(self, tree: DraftTree, session: DraftSession, choose: bool = True) -> DraftTree:
         """Keep the top-n nodes by calibrated path probability, n maximising the modelled rate
         (``choose=False``: keep the whole tree, only record it for :meth:`observe`)."""
-        score = self.scores(tree) if self._cal_tree is tree else calibrated_logp(tree, self.calibration)[0]
-        self._cal = self._cal_tree = None
-        cells = node_cells(tree)
-        n = len(tree)
-        host = torch.cat([score, tree.parents.double(), tree.ranks.double(), cells.double()]).tolist()
-        score_h, parents = host[:n], [int(p) for p in host[n : 2 * n]]
-        ranks, cells_h = [int(r) for r in host[2 * n : 3 * n]], [int(c) for c in host[3 * n :]]
-        order = sorted(range(1, n), key=lambda i: (-score_h[i], i))
-        gains = [math.exp(score_h[i]) for i in order]
+        host = self._host if self._grown is tree and self._host is not None else HostTree.of(tree, self.calibration)
+        self._host = self._grown = None
+        self._layer_start = None
+        n = len(host)
+        order = sorted(range(1, n), key=lambda i: (-host.cal[i], i))
+        gains = [math.exp(host.cal[i]) for i in order]
         context = getattr(session, "context_len", None)
         # This step: the draft time is spent, so only the target's cost depends on the size.
         m = _argmax(self.rates(gains, session.draft_time, context)) + 1 if choose else n
-        # Next steps: drafting scales with the tree, so the build cap follows the size that pays
-        # in steady state, with each kept node also carrying its share of the draft time.
-        per_node = self.node_cost.slope
-        steady = [per_node * k for k in range(1, n + 1)]
-        self.kept.append(_argmax(self.rates(gains, steady, context)) + 1)
-        keep = _closed(sorted([0] + order[: m - 1]), parents)
+        # Next steps: the build cap follows the size that pays in steady state, where a size
+        # also costs the draft layers it needs (one forward per depth level of its top-n).
+        self.kept.append(_argmax(self.rates(gains, self._layer_costs(order, host.depths), context)) + 1)
+        keep = _closed(sorted([0] + order[: m - 1]), host.parents)
         index = {old: new for new, old in enumerate(keep)}
-        self._last = {"parents": [index[parents[i]] if i else -1 for i in keep],
-                      "ranks": [ranks[i] for i in keep], "cells": [cells_h[i] for i in keep],
-                      "context": getattr(session, "context_len", None)}
+        self._last = {"parents": [index[host.parents[i]] if i else -1 for i in keep],
+                      "ranks": [host.ranks[i] for i in keep], "cells": [host.cells[i] for i in keep],
+                      "context": context}
         if len(keep) == n:
             return tree
         return tree.select(torch.tensor(keep, dtype=torch.long, device=tree.device))
+
+    def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
+        """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
+        deepest, out = 0, [0.0]
+        for i in order:
+            deepest = max(deepest, depths[i])
+            out.append(self.layer_cost * deepest)
+        return out
 
     # ------------------------------------------------------------------ learning
     def observe(self, step: StepStats) -> float:
@@ -281,10 +296,6 @@ class AutoSizer:
         model_t = self.correction * curve_t
         rest = max(step.total_time - model_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
-        # Growing costs the drafter's forward and the policy's own work per layer alike.
-        building = step.draft_time + step.policy_time
-        self.layer_cost.add(step.draft_forwards, building)
-        self.node_cost.add(step.tree_size, building)
         rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
         self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)
         return rate
@@ -375,13 +386,19 @@ class MuBandit:
 
 
 def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tensor, session: DraftSession) -> bool:
-    """True when ``sizer`` judges that the layer just added (``new_nodes``) should be the last:
-    even its best node, at its calibrated path probability, would not pay for another layer."""
+    """True when ``sizer`` judges that the layer just added (the nodes appended since the last
+    call) should be the last: even its best node, at its calibrated path probability, would not
+    pay for another layer."""
     if sizer is None or not len(new_nodes):
         return False
-    score = sizer.scores(tree)
-    best = float(score[new_nodes].max().exp())  # the policy's one read per layer
-    return not sizer.worth_growing(best, len(tree), getattr(session, "context_len", None))
+    sizer.layer_done()
+    start = len(sizer._host) if sizer._host is not None else 1
+    host = sizer.grown(tree)  # the policy's one read per layer
+    best = max(range(start, len(host)), key=lambda i: host.cal[i], default=None)
+    if best is None:
+        return False
+    return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(host.log_c[best]), len(tree),
+                                   getattr(session, "context_len", None))
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

@@ -104,6 +104,7 @@ class ChainPolicy(TreePolicy):
         (auto: up to the step's cap, then cut where the modelled rate peaks)."""
         if self.sizer is None:
             return self.draft(session, min(self.gamma, budget - 1))
+        self.sizer.begin()
         tree = self.draft(session, min(self.sizer.cap, budget) - 1, self.sizer)
         return self.sizer.prune(tree, session)
 

@@ -88,6 +88,7 @@ class EaglePolicy(TreePolicy):
         if self.sizer is None:
             return self.grow(session, min(int(budget), self.budget), self.options.top_k)
         cap = min(int(budget), self.sizer.cap)
+        self.sizer.begin()
         tree = self.grow(session, cap, auto_top_k(self.options.top_k, cap), self.sizer)
         return self.sizer.prune(tree, session)
 

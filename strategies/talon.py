@@ -105,6 +105,7 @@ class TalonPolicy(TreePolicy):
             tree = self.grow(session, min(int(budget), self.budget), mu, self.options.top_k)
             return self.sizer.prune(tree, session, choose=False) if self.sizer is not None else tree
         cap = min(int(budget), self.sizer.cap)
+        self.sizer.begin()
         tree = self.grow(session, cap, mu, auto_top_k(self.options.top_k, cap), self.sizer)
         return self.sizer.prune(tree, session)
 

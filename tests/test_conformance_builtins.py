@@ -43,3 +43,31 @@ class TestVerifier_sampling_warped(VerifierConformance):
 
     plugin = ("sampling", {"temperature": 0.7, "top_p": 0.9, "top_k": 6})
     greedy_plugin = ("sampling", {"top_k": 1})
+
+
+class TestPolicy_talon_auto(TreePolicyConformance):
+    """TALON with the size chosen from the cost curve and mu from the bandit (issue 16)."""
+
+    plugin = ("talon", {"budget": "auto", "mu": "auto"})
+    strict_ranks = True
+
+
+class TestPolicy_chain_auto(TreePolicyConformance):
+    """The chain with gamma chosen from the cost curve and the acceptance history."""
+
+    plugin = ("chain", {"gamma": "auto"})
+    strict_ranks = True
+
+
+class TestPolicy_eagle_auto(TreePolicyConformance):
+    """EAGLE's tree with an auto budget (total_token=-1 in spirit)."""
+
+    plugin = ("eagle", {"budget": "auto"})
+    strict_ranks = True
+
+
+class TestPolicy_opt_tree_auto(TreePolicyConformance):
+    """OPT-Tree with an auto budget."""
+
+    plugin = ("opt-tree", {"budget": "auto"})
+    strict_ranks = True

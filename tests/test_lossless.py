@@ -71,6 +71,27 @@ def test_greedy_output_equals_generate(policy, seed, noise, prompt, max_new, eos
             assert out.stopped_at_eos == (eos in out.tokens)
 
 
+AUTO_ARMS = [("talon", {"budget": "auto", "mu": "auto"}), ("talon", {"budget": 12, "mu": "auto"}),
+             ("chain", {"gamma": "auto"}), ("eagle", {"budget": "auto"}), ("opt-tree", {"budget": "auto"})]
+
+
+@pytest.mark.parametrize("policy", AUTO_ARMS, ids=lambda p: f"{p[0]}-{'-'.join(map(str, p[1].values()))}")
+# Sizes chosen from timings differ run to run; the output must not. Each example generates
+# twice on one decoder, so the second generation runs on learned statistics.
+@settings(max_examples=max(3, profile_examples() // 4))
+@given(seed=st.integers(0, 3), noise=st.sampled_from([0.05, 0.3]), prompt=prompts(VOCAB, 1, 48),
+       max_new=st.integers(1, 48), eos=st.integers(0, VOCAB - 1))
+def test_auto_sizes_are_lossless(policy, seed, noise, prompt, max_new, eos):
+    target, draft = _pair(seed, noise)
+    expected = _reference(target, prompt, max_new, eos)
+    for drafter in _drafter_specs(draft)[:2]:  # a model drafter and the n-gram drafter
+        for fast in (False, True):
+            dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy=policy, fast=fast)
+            for _ in range(2):
+                out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos)
+                assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, fast={fast}"
+
+
 def test_lossless_covers_drafts_that_are_accepted():
     """Guard against a vacuous property: with a close draft, trees are really accepted."""
     target, draft = _pair(0, 0.05)

@@ -1,0 +1,258 @@
+"""The size chooser of the "auto" options, on synthetic cost curves and acceptance statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+import specframe
+from specframe.interfaces import DraftSession, StepStats
+from specframe.options import OptionError
+from specframe.profile import CostCurve
+from specframe.tree import DraftTree
+from specframe.engine import make_plugin
+from specframe.testing.models import tiny_model
+from specframe.target import TargetModel
+from specframe.strategies._auto import AutoSizer, Calibration, HostTree, MuBandit, Q_EDGES, cell_of
+
+# T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
+CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
+CPU = CostCurve.synthetic(lambda n: 0.01 * CPU_RATIOS[n], sizes=tuple(CPU_RATIOS))
+FLAT = CostCurve.synthetic(lambda n: 0.01)
+STEEP = CostCurve.synthetic(lambda n: 0.01 * n)
+
+
+class _Session:
+    """What the sizer reads from a session."""
+
+    def __init__(self, draft_time: float = 0.0, context_len: int | None = None) -> None:
+        self.draft_time = draft_time
+        self.context_len = context_len
+
+
+def chain_tree(n: int, q: float) -> DraftTree:
+    """A chain of n nodes (root included) whose every token has draft probability q."""
+    tree = DraftTree.root(0)
+    for i in range(1, n):
+        tree = tree.add_nodes(torch.tensor([i - 1]), torch.tensor([i]), tree.logp[i - 1:i] + math.log(q),
+                              torch.tensor([0]))
+    return tree
+
+
+def sizer_with(curve: CostCurve, acceptance: float, max_size: int = 64) -> AutoSizer:
+    """A sizer whose calibration has seen many tries accepted at rate ``acceptance`` in every bin."""
+    sizer = AutoSizer(max_size)
+    sizer.curve = curve
+    sizer.calibration.tried += 1000.0
+    sizer.calibration.accepted += 1000.0 * acceptance
+    return sizer
+
+
+def test_flat_curve_keeps_the_largest_tree():
+    tree = chain_tree(16, 0.9)
+    assert len(sizer_with(FLAT, 0.8).prune(tree, _Session())) == 16
+
+
+def test_steep_curve_sends_a_plain_step():
+    # T(n) = n * T(1): no tree yields more than one token per T(1), so root only wins.
+    assert len(sizer_with(STEEP, 0.9).prune(chain_tree(16, 0.9), _Session())) == 1
+
+
+def test_cpu_curve_keeps_a_short_chain_when_acceptance_is_high():
+    # (1 + sum of 0.9^k) / T(n): the peak is an interior size, neither root-only nor everything.
+    sizer = sizer_with(CPU, 0.9)
+    kept = len(sizer.prune(chain_tree(32, 0.95), _Session()))
+    rates = [(1 + sum(0.9 ** k for k in range(1, m))) / CPU.time(m) for m in range(1, 33)]
+    assert kept == 1 + max(range(32), key=lambda j: rates[j])
+    assert 2 < kept < 32
+
+
+def test_cpu_curve_with_worthless_drafts_sends_a_plain_step():
+    assert len(sizer_with(CPU, 0.05).prune(chain_tree(8, 0.9), _Session())) == 1
+
+
+def test_draft_time_already_spent_does_not_shrink_the_tree_but_overhead_prices_it():
+    # A large fixed cost per step makes the marginal target time relatively cheap.
+    sizer = sizer_with(CPU, 0.5)
+    small = len(sizer.prune(chain_tree(16, 0.9), _Session(draft_time=0.0)))
+    sizer.overhead = 0.5
+    large = len(sizer.prune(chain_tree(16, 0.9), _Session(draft_time=0.0)))
+    assert large > small
+
+
+def test_pruned_tree_is_the_top_n_by_calibrated_path_probability_and_prefix_closed():
+    # A star of 4 children with distinct probabilities plus a grandchild under the best one.
+    tree = DraftTree.root(0)
+    logq = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    tree = tree.add_nodes(torch.zeros(4, dtype=torch.long), torch.tensor([1, 2, 3, 4]), logq,
+                          torch.arange(4))
+    tree = tree.add_nodes(torch.tensor([1]), torch.tensor([5]), tree.logp[1:2] + math.log(0.9), torch.tensor([0]))
+    sizer = sizer_with(CostCurve.synthetic(lambda n: 0.01 * (1 + 0.02 * (n - 1))), 0.5)
+    kept = sizer.prune(tree, _Session())
+    kept.check_valid(len(tree))
+    assert 1 < len(kept) <= len(tree)
+    assert bool((kept.logp[1:] <= kept.logp[kept.parents[1:]]).all())
+
+
+def test_cells_bin_by_conditional_probability_and_rank():
+    bins = len(Q_EDGES) + 1
+    assert cell_of(math.log(0.95), 0) == len(Q_EDGES) - 1  # the (0.9, 0.97] bin, top-ranked row
+    assert cell_of(math.log(1e-6), 1) == bins  # the lowest bin, "other ranks" row
+    assert cell_of(0.0, 0) == bins - 1  # probability 1: the last bin
+
+
+def test_host_tree_scores_path_products_incrementally_and_whole_alike():
+    cal = Calibration()
+    cal.record([cell_of(math.log(0.95), 0)] * 8, [True] * 6 + [False] * 2)
+    tree = chain_tree(6, 0.95)
+    grown = HostTree()
+    grown.extend(tree.select(torch.arange(3)), cal)
+    grown.extend(tree, cal)
+    whole = HostTree.of(tree, cal)
+    c = float(cal.probabilities()[0, len(Q_EDGES) - 1])
+    assert whole.cal == pytest.approx(grown.cal)
+    assert whole.cal == pytest.approx([k * math.log(c) for k in range(6)])
+
+
+def test_calibration_starts_optimistic_and_learns():
+    cal = Calibration()
+    assert float(cal.probabilities().min()) >= 0.5
+    cal.record([0] * 50, [False] * 50)
+    assert float(cal.probabilities()[0, 0]) < 0.05
+
+
+class _UntimedSession(DraftSession):
+    """A session whose draft time stays 0, so that a hiccup of this machine cannot tilt the rates."""
+
+    def expand(self, tree, nodes):
+        out = super().expand(tree, nodes)
+        self.draft_time = 0.0
+        return out
+
+
+def _fallback_step(tree: DraftTree, session: DraftSession, curve: CostCurve) -> StepStats:
+    """A verified step where every drafted node was rejected (only the bonus token)."""
+    return StepStats(tree_size=len(tree), depth=tree.max_depth, accepted=0, emitted=1,
+                     draft_forwards=session.draft_forwards, draft_time=session.draft_time, policy_time=0.0,
+                     target_time=curve.time(len(tree)), verify_time=0.0, other_time=0.0,
+                     widths=tree.width_per_depth(), accepted_ranks=[])
+
+
+@pytest.mark.parametrize("policy,explores", [
+    (("talon", {"budget": "auto", "mu": "auto"}), True), (("chain", {"gamma": "auto"}), True),
+    (("eagle", {"budget": "auto"}), True),
+    # OPT-Tree's own rule stops after one 1e-6 node, and one node at the prior 0.5 cannot pay
+    # T(2) = 1.6 T(1): it never needs to try the guesses.
+    (("opt-tree", {"budget": "auto"}), False)])
+def test_ngram_fallback_guesses_are_learned_worthless(policy, explores):
+    """With no n-gram match the drafter only offers its 1e-6 fallback; auto must end at plain steps."""
+    target = TargetModel(tiny_model("llama", seed=0, vocab_size=64))
+    drafter = make_plugin("drafters", "ngram", target)
+    drafter.begin(torch.arange(10, 30))  # distinct tokens: nothing ever matches past the prompt
+    pol = make_plugin("policies", policy)
+    pol.sizer.curve = CPU
+    sizes = []
+    for _ in range(40):
+        session = _UntimedSession(drafter, 63, torch.device("cpu"), context_len=21)
+        tree = pol.build(session, 64)
+        sizes.append(len(tree))
+        pol.observe(_fallback_step(tree, session, CPU))
+    assert (max(sizes[:3]) > 1) == explores, "the optimistic start must verify some guesses"
+    assert sizes[-10:] == [1] * 10
+
+
+def test_matched_ngram_drafts_grow_the_tree_again():
+    """After learning that fallbacks are worthless, confident matched drafts still get verified."""
+    sizer = sizer_with(CPU, 0.9)
+    sizer.calibration.tried[:, 0] = 100.0  # the fallback bin: always rejected
+    sizer.calibration.accepted[:, 0] = 0.0
+    assert len(sizer.prune(chain_tree(8, 1e-6), _Session())) == 1
+    assert len(sizer.prune(chain_tree(8, 1.0), _Session())) > 1
+
+
+def test_build_cap_follows_the_sizes_that_pay():
+    sizer = sizer_with(FLAT, 0.9, max_size=64)
+    for _ in range(6):
+        sizer.prune(chain_tree(sizer.cap, 0.95), _Session())
+    assert sizer.cap == 64
+    sizer.curve = STEEP
+    for _ in range(6):
+        sizer.prune(chain_tree(sizer.cap, 0.95), _Session())
+    assert sizer.cap == 2
+
+
+def test_layer_cost_is_timed_per_layer():
+    sizer = AutoSizer(16)
+    sizer.begin()
+    for _ in range(3):
+        time.sleep(0.01)
+        sizer.layer_done()
+    assert 0.009 < sizer.layer_cost < 0.1
+
+
+def test_mu_bandit_settles_on_the_best_gate():
+    gen = torch.Generator().manual_seed(0)
+    best = {0.01: 1.0, 0.03: 1.3, 0.1: 1.1, 0.3: 0.9, 1.0: 0.7}
+    bandit = MuBandit()
+    plays = []
+    for _ in range(400):
+        mu = bandit.choose()
+        plays.append(mu)
+        bandit.reward(best[mu] + 0.3 * float(torch.randn(1, generator=gen)))
+    assert bandit.best == 0.03
+    assert plays[-100:].count(0.03) > 50
+
+
+@pytest.mark.parametrize("policy,option", [("talon", "budget"), ("talon", "mu"), ("eagle", "budget"),
+                                           ("opt-tree", "budget"), ("chain", "gamma")])
+def test_auto_is_an_option_value_and_other_strings_are_not(policy, option):
+    assert make_plugin("policies", (policy, {option: "auto"}))
+    with pytest.raises(OptionError, match=option):
+        make_plugin("policies", (policy, {option: "big"}))
+
+
+def test_auto_gamma_refuses_the_heuristic_schedule():
+    with pytest.raises(OptionError, match="schedule"):
+        make_plugin("policies", ("chain", {"gamma": "auto", "schedule": "heuristic"}))
+
+
+def test_decoder_attaches_the_cached_curve(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    model = tiny_model("llama", seed=1, vocab_size=64)
+    dec = specframe.SpecDecoder.build(target=model, drafter=("model", {"model": model}),
+                                      policy=("talon", {"budget": "auto", "mu": "auto"}))
+    curve = dec.policy.sizer.curve
+    assert curve is not None and (tmp_path / "profiles" / f"{curve.key}.json").exists()
+    out = dec.generate([3, 4, 5], max_new_tokens=12, eos_token_id=None)
+    assert len(out.tokens) == 12
+
+
+def test_auto_trees_are_really_drafted_and_accepted(tmp_path, monkeypatch):
+    """Guard against vacuous lossless tests: on a tiny model (a flat-ish curve) with a close
+    draft, auto keeps multi-node trees and they are accepted."""
+    from specframe.testing.models import perturbed_copy
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    target = tiny_model("llama", seed=0, vocab_size=64, dtype=torch.float64)
+    draft = perturbed_copy(target, 0.05, seed=100)
+    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}),
+                                      policy=("talon", {"budget": "auto", "mu": "auto"}))
+    dec.policy.sizer.curve = FLAT  # a GPU-like curve: no wall-clock dependence in this test
+    out = dec.generate(list(range(2, 12)), max_new_tokens=48, eos_token_id=None)
+    assert max(s.tree_size for s in out.steps) > 4
+    assert out.tau > 1.5, out.tau
+
+
+@pytest.mark.parametrize("policy", [("talon", {"budget": "auto", "mu": "auto"}), ("chain", {"gamma": "auto"})])
+def test_auto_fast_step_still_reads_the_device_once(policy, tmp_path, monkeypatch):
+    """The chooser's reads are the policy's own (inside build); the engine's stay at one."""
+    from specframe.testing.host_reads import count_step_reads
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    target = tiny_model("llama", seed=3)
+    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}), policy=policy, fast=True)
+    reads = count_step_reads(dec, [5, 6, 7], max_new_tokens=24)
+    assert reads["steps"] > 1 and reads["engine"] == reads["steps"]
