@@ -1,0 +1,84 @@
+"""The cost curve T(n): measuring, interpolating, caching per key, and ``specframe profile``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specframe import profile
+from specframe.cli import cli
+from specframe.profile import CostCurve
+from specframe.target import TargetModel
+from specframe.testing.models import tiny_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile, "_MEMO", {})
+    return tmp_path / "profiles"
+
+
+def test_interpolates_in_size_and_context_and_never_decreases():
+    curve = CostCurve("k", [1, 4], [100, 300], [[1.0, 4.0], [2.0, 8.0]])
+    assert curve.time(2, 100) == pytest.approx(2.0)
+    assert curve.time(4, 200) == pytest.approx(6.0)
+    assert curve.time(8, 100) == pytest.approx(8.0)  # extended linearly
+    dipping = CostCurve("k", [1, 2, 4], [0], [[1.0, 3.0, 2.0]])
+    assert dipping.times(4) == [1.0, 3.0, 3.0, 3.0]
+
+
+def test_key_names_model_device_dtype_threads_and_torch():
+    model = tiny_model("llama", seed=0)
+    key = profile.curve_key(model, torch.device("cpu"), torch.float64, threads=3)
+    assert "cpu" in key and "float64" in key and "_t3_" in key and torch.__version__.split("+")[0] in key
+    assert profile.curve_key(tiny_model("llama", seed=1), torch.device("cpu"), torch.float64, 3) == key
+    assert profile.curve_key(model, torch.device("cpu"), torch.float32, 3) != key
+
+
+def test_first_use_measures_once_and_caches(cache, monkeypatch):
+    target = TargetModel(tiny_model("llama", seed=0))
+    calls = []
+    real = profile.measure
+    monkeypatch.setattr(profile, "measure", lambda t, *a, **k: calls.append(1) or real(t, (1, 2, 4), (8,), 1))
+    curve = profile.curve_for(target)
+    assert calls == [1] and (cache / f"{curve.key}.json").exists()
+    assert curve.sizes == [1, 2, 4] and all(t > 0 for t in curve.seconds[0])
+    monkeypatch.setattr(profile, "_MEMO", {})  # a new process reads the file
+    assert profile.curve_for(target).seconds == curve.seconds and calls == [1]
+    assert target.cache_len == 0  # the measurement leaves the target reset
+
+
+def test_damaged_cache_file_is_measured_again(cache):
+    target = TargetModel(tiny_model("llama", seed=0))
+    key = profile.curve_key(target.model, target.device, target.dtype)
+    cache.mkdir(parents=True)
+    (cache / f"{key}.json").write_text("{not json")
+    assert profile.curve_for(target, measure_if_missing=False) is None
+
+
+def test_measured_tree_forward_matches_an_engine_step():
+    """The profiled forward is a real tree verification: logits equal a causal run's at the
+    chain's positions (a balanced tree of fan-out 1 is a chain)."""
+    target = TargetModel(tiny_model("llama", seed=2))
+    tree = profile.balanced_tree(4, target.vocab_size, fanout=1)
+    target.reset()
+    target.causal_forward(torch.arange(7))
+    out = target.tree_forward(tree.tokens, tree.positions(8), tree.ancestor_mask()).logits[0]
+    target.reset()
+    ref = target.causal_forward(torch.cat([torch.arange(7), tree.tokens])).logits[0, 7:]
+    assert torch.allclose(out, ref, atol=1e-9)
+
+
+def test_profile_command_prints_caches_and_plots(cache, tmp_path):
+    png = tmp_path / "curve.png"
+    result = CliRunner().invoke(cli, ["profile", "demo-target", "--sizes", "1,2", "--cache-lens", "16",
+                                      "--reps", "1", "--threads", "1", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert "x T(1)" in result.output and "cached:" in result.output
+    assert png.stat().st_size > 0
+    stored = json.loads(next(cache.glob("*.json")).read_text())
+    assert stored["sizes"] == [1, 2] and stored["cache_lens"] == [16]
