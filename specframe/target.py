@@ -90,15 +90,16 @@ def layer_types(config: Any) -> tuple[str, ...]:
     """The attention type of every decoder layer, as transformers names them.
 
     ``config.layer_types`` when the config has it (Gemma 2/3, Qwen2/3, ...); otherwise every
-    layer slides when the config sets a ``sliding_window`` (Mistral, Phi-3, ...; Qwen's
-    ``use_sliding_window=False`` turns it off), else every layer attends to everything.
+    layer slides when the config sets a ``sliding_window`` (Mistral, Mixtral, Phi-3, Qwen3-MoE:
+    their modeling code tests exactly that; Qwen's ``use_sliding_window=False`` already sets
+    the window to None), else every layer attends to everything.
     """
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     types = getattr(cfg, "layer_types", None)
     if types:
         return tuple(types)
     n = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 1)
-    sliding = getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)
+    sliding = getattr(cfg, "sliding_window", None) is not None
     return (SLIDING_ATTENTION if sliding else FULL_ATTENTION,) * n
 
 
@@ -157,7 +158,7 @@ def _check_layer_types(model: Any, architecture: str, types: tuple[str, ...]) ->
     odd = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
     if odd:
         raise UnsupportedModelError(
-            f"{architecture}: layers of type {odd} (recurrent, chunked or linear attention) cannot "
+            f"{architecture}: layers of type {odd} (recurrent, convolutional, chunked or linear attention) cannot "
             f"verify a tree with one mask and a compactable KV cache; supported: {SUPPORTED_LAYER_TYPES}"
         )
     if len(set(types)) > 1 and not _takes_mask_dict(model):

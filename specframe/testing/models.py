@@ -13,6 +13,9 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 # decoding against ``model.generate`` in tests/test_architectures.py. "-swa" variants slide.
 MATRIX = ("llama", "qwen2", "qwen2-swa", "qwen3", "qwen3-swa", "mistral-swa", "gemma2", "gemma3",
           "phi3-swa", "gpt2", "gpt_neox", "olmo2", "olmo3", "starcoder2-swa", "cohere2", "gpt_oss")
+# More causal LMs that take a 4D mask, one or two policies each (docs/architectures.md).
+EXTENDED = ("mixtral-swa", "qwen3_moe-swa", "ministral", "smollm3", "exaone4", "gemma", "granite", "phi",
+            "opt", "gpt_bigcode", "falcon")
 # Attention kernels a tree mask works with, per architecture: transformers refuses SDPA for
 # models with attention logit soft-capping (Gemma 2) or attention sinks (gpt-oss).
 EAGER_ONLY = ("gemma2", "gpt_oss")
@@ -88,14 +91,59 @@ def _matrix_config(arch: str, hidden: int, layers: int, heads: int, kv_heads: in
                           rope_parameters=rope, **common)
         cfg._experts_implementation = "batched_mm"  # grouped_mm takes no float64; eager is 7x slower
         return cfg
-    raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(MATRIX)}")
+    if arch in EXTENDED:
+        return _extended_config(arch, size, hybrid, common)
+    raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(MATRIX + EXTENDED)}")
+
+
+def _moe(cfg: Any) -> Any:
+    cfg._experts_implementation = "batched_mm"  # grouped_mm takes no float64; eager is 7x slower
+    return cfg
+
+
+def _extended_config(arch: str, size: dict, hybrid: dict, common: dict) -> Any:
+    """Configs of ``EXTENDED``: more of transformers' causal LMs, each with what sets it apart."""
+    import transformers as tf
+
+    hidden, layers, heads = size["hidden"], size["layers"], size["heads"]
+    plain = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                 max_position_embeddings=size["max_positions"], tie_word_embeddings=False, **common)
+    if arch == "mixtral-swa":  # mixture of experts, every layer slides
+        return _moe(_llama_like(tf.MixtralConfig, **size, sliding_window=WINDOW, num_local_experts=2,
+                                num_experts_per_tok=1, **common))
+    if arch == "qwen3_moe-swa":
+        return _moe(_llama_like(tf.Qwen3MoeConfig, **size, use_sliding_window=True, sliding_window=WINDOW,
+                                num_experts=2, num_experts_per_tok=1, moe_intermediate_size=hidden, **common))
+    if arch == "ministral":
+        return _llama_like(tf.MinistralConfig, **size, **hybrid, **common)
+    if arch == "smollm3":  # hybrid, and layer 1 has no rotary embedding at all (NoPE)
+        return _llama_like(tf.SmolLM3Config, **size, **hybrid, no_rope_layers=[1, 0], **common)
+    if arch == "exaone4":
+        return _llama_like(tf.Exaone4Config, **size, **hybrid, **common)
+    if arch == "gemma":  # scaled embeddings, full attention
+        return _llama_like(tf.GemmaConfig, **size, **common)
+    if arch == "granite":  # embedding, residual, attention and logit multipliers
+        return _llama_like(tf.GraniteConfig, **size, embedding_multiplier=2.0, residual_multiplier=0.5,
+                           attention_multiplier=0.2, logits_scaling=2.0, **common)
+    if arch == "phi":  # partial rotary embedding
+        return tf.PhiConfig(intermediate_size=2 * hidden, partial_rotary_factor=0.5, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attention_dropout=0.0, **plain)
+    if arch == "opt":  # learned absolute positions
+        return tf.OPTConfig(ffn_dim=2 * hidden, word_embed_proj_dim=hidden, dropout=0.0,
+                            attention_dropout=0.0, **plain)
+    if arch == "gpt_bigcode":  # multi-query attention, learned absolute positions
+        return tf.GPTBigCodeConfig(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=size["max_positions"],
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    if arch == "falcon":
+        return tf.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **plain)
+    raise ValueError(arch)
 
 
 def tiny_config(arch: str = "llama", vocab_size: int = 64, hidden: int = 32, layers: int = 2,
                 heads: int = 4, kv_heads: int = 2, max_positions: int = 512,
                 attn_implementation: str = "sdpa") -> Any:
-    """A small config of one of ``MATRIX`` (``ARCHITECTURES`` included) with the given
-    attention implementation."""
+    """A small config of one of ``MATRIX`` (``ARCHITECTURES`` included) or ``EXTENDED`` with
+    the given attention implementation."""
     import transformers as tf
 
     common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=0)
