@@ -520,10 +520,45 @@ class Experiment:
             finally:
                 store.close()
                 torch.set_num_threads(threads)
+        self._write_divergences(questions)
         from .report import write_report
 
         summary = write_report(self.out_dir)
         return RunOutcome(self.out_dir, computed, skipped, summary)
+
+    def _write_divergences(self, questions: list[Question]) -> None:
+        """Record where greedy arms left the autoregressive answers, with the target's logit
+        margin there (a float tie or a bug?); the report lists them. Loads the target only when
+        there is a divergence."""
+        from .divergence import DIVERGENCES_FILE, find_divergence
+
+        cfg = self.config
+        path = self.out_dir / DIVERGENCES_FILE
+        ref_arm = next((a for a in cfg.arms if a.baseline == "autoregressive"), None)
+        store = AnswerStore(self.out_dir)
+        ref = {} if ref_arm is None else {_key(r["question_id"], r["repeat"]): r for r in read_answers(store.path(ref_arm))}
+        differing = [(arm.name, r, ref[_key(r["question_id"], r["repeat"])])
+                     for arm in cfg.arms if arm is not ref_arm for r in read_answers(store.path(arm))
+                     if r.get("greedy") and _key(r["question_id"], r["repeat"]) in ref
+                     and r["output_ids"] != ref[_key(r["question_id"], r["repeat"])]["output_ids"]]
+        if not differing:
+            path.unlink(missing_ok=True)
+            return
+        model = ModelPool(cfg).target()
+        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
+        by_id = {json.dumps(q.question_id): q for q in questions}
+        found = []
+        for arm_name, record, base in differing:
+            question, prompt = by_id.get(json.dumps(record["question_id"])), None
+            if question is None:
+                continue
+            for turn, (want, got) in enumerate(zip(base["output_ids"], record["output_ids"])):
+                prompt = encoder.encode(question.turns, base["output_ids"][:turn], prompt)
+                div = find_divergence(model, arm_name, record["question_id"], record["repeat"], turn, prompt, want, got)
+                if div is not None:
+                    found.append(div.to_dict())
+                    break
+        path.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
 
     def _overflowed(self) -> set[str]:
         """Question ids (as JSON) an earlier run of this directory skipped as too long."""

@@ -90,6 +90,11 @@ def notice_lines(summary: dict) -> list[str]:
         if cut.get("steps"):
             out.append(f"arm {arm['name']}: the context cut the node budget in {cut['steps']} of {cut['of']} "
                        f"steps (by up to {cut['max_cut']} nodes): the target's maximum length is near")
+    for div in summary.get("divergences") or []:
+        out.append(f"arm {div['arm']}, question {div['question_id']!r} (repeat {div['repeat']}, turn {div['turn']}): "
+                   f"differs from autoregressive at token {div['position']} ({div['arm_token']} instead of "
+                   f"{div['reference_token']}); the target's top-2 logit margin there is {div['margin']:.3g}"
+                   + (" (a float32 near-tie)" if div["margin"] < 1e-3 else ""))
     for skip in summary.get("overflow_skipped") or []:
         out.append(f"question {skip['question_id']!r} skipped: prompt ({skip['prompt_tokens']} tokens) + "
                    f"max_new_tokens ({skip['max_new_tokens']}) exceeds the target's {skip['max_positions']} "
@@ -108,6 +113,10 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
     out_dir = Path(out_dir)
     run = load_run(out_dir)
     summary = summarize(run)
+    from .divergence import DIVERGENCES_FILE
+
+    if (out_dir / DIVERGENCES_FILE).exists():
+        summary["divergences"] = json.loads((out_dir / DIVERGENCES_FILE).read_text(encoding="utf-8"))
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2), encoding="utf-8")
     figures: dict[str, str] = {}
     if plots:

@@ -297,3 +297,23 @@ def test_hf_baselines_are_greedy_and_count_forwards():
     assert (gamma - 1) * assisted.target_forwards <= assisted.draft_forwards <= gamma * assisted.target_forwards
     assert draft.generation_config.num_assistant_tokens is None  # the shared model is left untouched
     assert lookup.draft_forwards == 0
+
+
+def test_a_divergence_is_reported_with_the_targets_margin(tmp_path):
+    """A greedy arm whose answer differs from autoregressive (here: a tampered record) is listed
+    in the report with the first differing position and the target's logit margin there."""
+    cfg_path = make_config(tmp_path)
+    run_experiment(load_config(cfg_path), progress=False)
+    out = tmp_path / "out"
+    assert not (out / "divergences.json").exists()  # a lossless run has none
+    answers = out / "answers" / "chain.jsonl"
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    rows[1]["output_ids"][0][4] = (rows[1]["output_ids"][0][4] + 1) % 64
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outcome = run_experiment(load_config(cfg_path), progress=False)
+    assert outcome.computed == 0
+    (div,) = json.loads((out / "divergences.json").read_text())
+    assert (div["arm"], div["question_id"], div["position"]) == ("chain", rows[1]["question_id"], 4)
+    assert div["margin"] >= 0
+    report = (out / "report.md").read_text()
+    assert "differs from autoregressive at token 4" in report and "margin" in report
