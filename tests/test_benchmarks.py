@@ -1,6 +1,7 @@
 """The benchmark scripts run (CI runs the GPU suite's smoke mode on the CPU)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,16 @@ def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
     assert set(result["engine_paths"]) == {"reference", "fast"}
     assert result["compile"]["same_tokens"] is True, result["compile"]
     assert "PROJECTED" in (tmp_path / "gpu_suite_smoke.txt").read_text()
+
+
+def test_auto_sizing_smoke_prints_the_table_and_its_checks(tmp_path):
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "auto_sizing.py"), "--smoke", "--table", "chain",
+                           "--drafter", "model", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "demo-model-chain" / "auto_sizing.txt").read_text()
+    for arm in ("autoregressive", "chain-g2", "chain-g3", "chain-auto"):
+        assert arm in text
+    assert "of the best fixed arm" in text and "vs autoregressive" in text
+    assert list((tmp_path / "cache" / "profiles").glob("*.json")), "the cost curve is measured before the run"
