@@ -86,6 +86,11 @@ def _architecture(model: Any) -> str:
     return archs[0]
 
 
+def _text_config(config: Any) -> Any:
+    """The decoder's config (multimodal configs nest it; plain ones are it)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def layer_types(config: Any) -> tuple[str, ...]:
     """The attention type of every decoder layer, as transformers names them.
 
@@ -94,7 +99,7 @@ def layer_types(config: Any) -> tuple[str, ...]:
     their modeling code tests exactly that; Qwen's ``use_sliding_window=False`` already sets
     the window to None), else every layer attends to everything.
     """
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = _text_config(config)
     types = getattr(cfg, "layer_types", None)
     if types:
         return tuple(types)
@@ -122,7 +127,7 @@ def effective_layer_types(model: Any) -> tuple[str, ...]:
     """:func:`layer_types`, where "sliding" layers that cannot slide in this model (no window
     size in the config, or modeling code that never reads it) count as full attention."""
     types = layer_types(model.config)
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    window = getattr(_text_config(model.config), "sliding_window", None)
     if SLIDING_ATTENTION in types and not (window and _reads_sliding_window(model)):
         types = tuple(FULL_ATTENTION if t == SLIDING_ATTENTION else t for t in types)
     return types
@@ -143,7 +148,7 @@ def _takes_mask_dict(model: Any) -> bool:
 
 def _check_layer_types(model: Any, architecture: str, types: tuple[str, ...]) -> None:
     """Refuse layer types a tree mask cannot express, and hybrids that take one mask only."""
-    cfg = model.config.get_text_config()
+    cfg = _text_config(model.config)
     if getattr(cfg, "use_bidirectional_attention", False) or getattr(cfg, "is_causal", True) is False:
         raise UnsupportedModelError(
             f"{architecture}: configured for bidirectional attention (an encoder or embedding "
@@ -158,8 +163,9 @@ def _check_layer_types(model: Any, architecture: str, types: tuple[str, ...]) ->
     odd = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
     if odd:
         raise UnsupportedModelError(
-            f"{architecture}: layers of type {odd} (recurrent, convolutional, chunked or linear attention) cannot "
-            f"verify a tree with one mask and a compactable KV cache; supported: {SUPPORTED_LAYER_TYPES}"
+            f"{architecture}: layers of type {odd} (recurrent, convolutional, chunked or linear "
+            "attention) cannot verify a tree with one mask and a compactable KV cache; supported: "
+            f"{SUPPORTED_LAYER_TYPES}"
         )
     if len(set(types)) > 1 and not _takes_mask_dict(model):
         raise UnsupportedModelError(
@@ -195,7 +201,7 @@ class TargetModel:
         self.device: torch.device = param.device
         self.dtype: torch.dtype = param.dtype
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
-        cfg = model.config.get_text_config()
+        cfg = _text_config(model.config)
         # A sliding window does not bound the context: the window mask is built per query.
         self.max_positions: int = int(
             getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 1 << 30
