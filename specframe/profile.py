@@ -29,7 +29,7 @@ from .tree import DraftTree
 #: Tree sizes (root included) and cache lengths of the short curve measured at first use.
 QUICK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_CACHE_LENS = (64, 512)
-QUICK_REPS = 3
+QUICK_REPS = 5
 #: The longer curve of ``specframe profile``.
 FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 FULL_CACHE_LENS = (128, 512, 2048)
@@ -185,27 +185,34 @@ def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple
         target.reset()
         if cache_len > 1:
             target.causal_forward(torch.arange(cache_len - 1, device=device) % vocab)
-        seconds.append([_time_tree(target, balanced_tree(n, vocab), cache_len, reps) for n in sizes])
+        trees = [balanced_tree(n, vocab) for n in sizes]
+        # Sizes take turns within each round, so a change of load on a shared machine hits
+        # every size alike instead of bending the curve; round 0 is a warm-up.
+        runs: list[list[float]] = [[] for _ in sizes]
+        for rep in range(reps + 1):
+            for j, tree in enumerate(trees):
+                spent = _time_tree(target, tree, cache_len)
+                if rep:
+                    runs[j].append(spent)
+        seconds.append([statistics.median(r) for r in runs])
     target.reset()
     return CostCurve(curve_key(target.model, device, target.dtype), list(sizes), usable, seconds)
 
 
-def _time_tree(target: Any, tree: DraftTree, cache_len: int, reps: int) -> float:
-    """Median seconds of one forward of ``tree`` whose root sits at position ``cache_len - 1``."""
+def _time_tree(target: Any, tree: DraftTree, cache_len: int) -> float:
+    """Seconds of one forward of ``tree`` whose root sits at position ``cache_len - 1``; the
+    cache is cut back to the prefix afterwards."""
     device = target.device
     tokens, mask = tree.tokens.to(device), tree.ancestor_mask().to(device)
     positions = tree.positions(cache_len).to(device)
     prefix = target.cache_len
-    times = []
-    for rep in range(reps + 1):
-        _sync(device)
-        start = time.perf_counter()
-        target.tree_forward(tokens, positions, mask, max_position=cache_len - 2 + len(tree))
-        _sync(device)
-        if rep:  # the first run is a warm-up
-            times.append(time.perf_counter() - start)
-        target.keep(prefix, torch.empty(0, dtype=torch.long), contiguous=True)  # back to the prefix
-    return statistics.median(times)
+    _sync(device)
+    start = time.perf_counter()
+    target.tree_forward(tokens, positions, mask, max_position=cache_len - 2 + len(tree))
+    _sync(device)
+    spent = time.perf_counter() - start
+    target.keep(prefix, torch.empty(0, dtype=torch.long), contiguous=True)  # back to the prefix
+    return spent
 
 
 def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
