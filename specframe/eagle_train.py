@@ -163,15 +163,18 @@ def head_losses(head: Any, feats: torch.Tensor, top: torch.Tensor, logits_t: tor
     x, past, from_target = feats[:, :rows], None, True
     total = feats.new_zeros(())
     accs: list[float] = []
+    # Step k's labels are a shifted slice of the same positions: reduce the [B, N, V] target
+    # logits (hundreds of MB for a 49k vocabulary) once, not once per step.
+    with torch.no_grad():
+        logits_t = logits_t[:, 1:].float()
+        all_keep = head.t2d[logits_t.argmax(-1)] if head.kind == "eagle3" else torch.ones_like(logits_t[..., 0], dtype=torch.bool)
+        all_probs = torch.softmax(logits_t[..., draft_ids] if head.kind == "eagle3" else logits_t, dim=-1)
     for k in range(steps):
         sl = slice(1 + k, 1 + k + rows)
         positions = (torch.arange(rows, device=tokens.device) + k)[None].expand(b, rows)
         hidden, past = head(tokens[:, sl], x, positions, ttt_mask(k, rows, tokens.device), past, from_target)
         logp = torch.log_softmax(head.logits(hidden).float(), dim=-1)
-        with torch.no_grad():
-            target = logits_t[:, sl].float()
-            keep = head.t2d[target.argmax(-1)] if head.kind == "eagle3" else torch.ones_like(target[..., 0], dtype=torch.bool)
-            probs = torch.softmax(target[..., draft_ids] if head.kind == "eagle3" else target, dim=-1)
+        keep, probs = all_keep[:, k : k + rows], all_probs[:, k : k + rows]
         ce = -((probs * logp).sum(-1) * keep).sum() / keep.numel()
         loss = ce
         if head.kind == "eagle":
