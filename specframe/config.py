@@ -31,7 +31,7 @@ BYTES_TOKENIZER = "bytes"
 
 TOP_KEYS = ("name", "max_new_tokens", "warmup", "repeats", "seed", "stop_at_eos", "threads",
             "target", "models", "drafter", "arm", "data", "output")
-MODEL_KEYS = ("model", "dtype", "device", "attn_implementation", "tokenizer", "random")
+MODEL_KEYS = ("model", "dtype", "device", "attn_implementation", "tokenizer", "random", "packed_linears")
 RANDOM_KEYS = ("vocab_size", "hidden", "layers", "heads", "kv_heads", "max_positions", "seed", "init_std")
 PERTURBED_KEYS = ("noise", "seed")
 DRAFTER_KEYS = ("name", "options")
@@ -61,6 +61,8 @@ class ModelSpec:
         attn_implementation: ``sdpa`` or ``eager`` (both take a tree mask).
         tokenizer: tokenizer path / name (default: the model's own; ``bytes`` for random models).
         random: options of ``random:``/``perturbed:`` models.
+        packed_linears: float32 CPU linears with MKL weights pre-packed per small row count
+            (:mod:`specframe.packed_linear`): faster tree forwards, last-bit different logits.
     """
 
     model: str
@@ -69,6 +71,7 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     tokenizer: str | None = None
     random: dict = field(default_factory=dict)
+    packed_linears: bool = False
 
     @property
     def is_random(self) -> bool:
@@ -243,6 +246,7 @@ def _parse_model(table: Any, where: str, aliases: set[str]) -> ModelSpec:
         attn_implementation=_typed(t, "attn_implementation", str, where, "sdpa"),
         tokenizer=_typed(t, "tokenizer", str, where),
         random=dict(_typed(t, "random", dict, where, {})),
+        packed_linears=bool(_typed(t, "packed_linears", bool, where, False)),
     )
     if spec.dtype is not None and spec.dtype not in DTYPES:
         raise ConfigError(f"{where}: dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")

@@ -88,6 +88,14 @@ class ModelPool:
         return load_causal_lm(ref, dtype=self.dtype, device=self.device)
 
     def _build(self, spec: ModelSpec, is_target: bool) -> Any:
+        model = self._build_plain(spec, is_target)
+        if spec.packed_linears:
+            from .packed_linear import pack_linears
+
+            pack_linears(model)
+        return model
+
+    def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:
         dtype = getattr(torch, spec.dtype) if spec.dtype else self.dtype
         device = self.device if (is_target or spec.device is None) else resolve_device(spec.device)
         if spec.is_random:
