@@ -31,6 +31,7 @@ import bisect
 import math
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ PRIOR_FLOOR = 0.5
 C_MAX = 0.995
 EMA = 0.1  # weight of the newest step in the running timings
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
+PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
 FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (model-free tests)
 
 
@@ -150,6 +152,7 @@ class AutoSizer:
         self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
         self.rate = 0.0  # tokens per modelled second, running
         self.kept: deque[int] = deque(maxlen=WINDOW)
+        self.dry = 0  # consecutive plain steps that nothing would have paid for
         self._times: dict[int, list[float]] = {}
         self._host: HostTree | None = None  # the tree being grown
         self._grown: DraftTree | None = None  # ... as last scored
@@ -226,6 +229,20 @@ class AutoSizer:
         return best_new * c_best >= self.rate * (slope + self.layer_cost)
 
     # ------------------------------------------------------------------ growing
+    def skip(self, session: DraftSession) -> DraftTree | None:
+        """A root-only tree without drafting, on most steps of a dry spell; else None.
+
+        When the last ``WINDOW`` trees were all cut to the root (nothing drafted would pay),
+        drafting again on every step only costs time: the drafter is asked on one step in
+        ``PROBE_EVERY``, and the first probe that finds something worth verifying ends the spell.
+        """
+        if self.dry < WINDOW or self.dry % PROBE_EVERY == 0:
+            return None
+        self.dry += 1
+        self._last = {"parents": [-1], "ranks": [0], "cells": [0],
+                      "context": getattr(session, "context_len", None)}
+        return session.new_tree()
+
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
@@ -254,6 +271,8 @@ class AutoSizer:
     def prune(self, tree: DraftTree, session: DraftSession, choose: bool = True) -> DraftTree:
         """Keep the top-n nodes by calibrated path probability, n maximising the modelled rate
         (``choose=False``: keep the whole tree, only record it for :meth:`observe`)."""
+        if self._layer_start is not None and len(tree) > 1:
+            self.layer_done()  # the last layer ends here (growing loops skip the useless check)
         host = self._host if self._grown is tree and self._host is not None else HostTree.of(tree, self.calibration)
         self._host = self._grown = None
         self._layer_start = None
@@ -265,7 +284,9 @@ class AutoSizer:
         m = _argmax(self.rates(gains, session.draft_time, context)) + 1 if choose else n
         # Next steps: the build cap follows the size that pays in steady state, where a size
         # also costs the draft layers it needs (one forward per depth level of its top-n).
-        self.kept.append(_argmax(self.rates(gains, self._layer_costs(order, host.depths), context)) + 1)
+        steady = _argmax(self.rates(gains, self._layer_costs(order, host.depths), context)) + 1
+        self.kept.append(steady)
+        self.dry = self.dry + 1 if m == 1 and steady == 1 else 0
         keep = _closed(sorted([0] + order[: m - 1]), host.parents)
         index = {old: new for new, old in enumerate(keep)}
         self._last = {"parents": [index[host.parents[i]] if i else -1 for i in keep],
@@ -273,6 +294,10 @@ class AutoSizer:
                       "context": context}
         if len(keep) == n:
             return tree
+        if len(keep) == 1:  # a plain step: slice the root off, no gather and no checks
+            return replace(tree, tokens=tree.tokens[:1], parents=tree.parents[:1], depths=tree.depths[:1],
+                           logp=tree.logp[:1], ranks=tree.ranks[:1], _cache={},
+                           draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1])
         return tree.select(torch.tensor(keep, dtype=torch.long, device=tree.device))
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
@@ -294,7 +319,10 @@ class AutoSizer:
         if self.sync_timers and curve_t > 0 and step.target_time > 0:
             self.correction += EMA * (min(max(step.target_time / curve_t, 0.2), 5.0) - self.correction)
         model_t = self.correction * curve_t
-        rest = max(step.total_time - model_t - step.draft_time, 0.0)
+        # The rest of the step: with waiting timers (CPU) the measured target time is exact;
+        # on a GPU it is only the launch, and the modelled time stands in for it.
+        target_t = step.target_time if self.sync_timers else model_t
+        rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
         rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
         self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)

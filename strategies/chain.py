@@ -104,6 +104,9 @@ class ChainPolicy(TreePolicy):
         (auto: up to the step's cap, then cut where the modelled rate peaks)."""
         if self.sizer is None:
             return self.draft(session, min(self.gamma, budget - 1))
+        skipped = self.sizer.skip(session)
+        if skipped is not None:
+            return skipped
         self.sizer.begin()
         tree = self.draft(session, min(self.sizer.cap, budget) - 1, self.sizer)
         return self.sizer.prune(tree, session)
@@ -113,7 +116,7 @@ class ChainPolicy(TreePolicy):
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
         node, drawn_from = 0, []
-        for _ in range(gamma):
+        for i in range(gamma):
             logp = session.expand(tree, [node])
             if self.options.sample:
                 q = draft_distribution(logp)
@@ -126,7 +129,7 @@ class ChainPolicy(TreePolicy):
             node = len(tree) - 1
             if self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold:
                 break
-            if stop_growing(sizer, tree, torch.tensor([node], device=tree.device), session):
+            if i + 1 < gamma and stop_growing(sizer, tree, torch.tensor([node], device=tree.device), session):
                 break
         if not self.options.sample:
             return tree

@@ -87,6 +87,9 @@ class EaglePolicy(TreePolicy):
         build to the step's cap, then keep the best-paying top-n)."""
         if self.sizer is None:
             return self.grow(session, min(int(budget), self.budget), self.options.top_k)
+        skipped = self.sizer.skip(session)
+        if skipped is not None:
+            return skipped
         cap = min(int(budget), self.sizer.cap)
         self.sizer.begin()
         tree = self.grow(session, cap, auto_top_k(self.options.top_k, cap), self.sizer)

@@ -92,6 +92,9 @@ class OptTreePolicy(TreePolicy):
         (auto: n from the step's cap, then keep the best-paying top-n)."""
         if self.sizer is None:
             return self.grow(session, min(int(budget), self.budget))
+        skipped = self.sizer.skip(session)
+        if skipped is not None:
+            return skipped
         self.sizer.begin()
         tree = self.grow(session, min(int(budget), self.sizer.cap), self.sizer)
         return self.sizer.prune(tree, session)

@@ -94,12 +94,16 @@ class TalonPolicy(TreePolicy):
         if self.sizer is None:
             return
         rate = self.sizer.observe(step)
-        if self.bandit is not None and rate > 0.0:
+        if self.bandit is not None and rate > 0.0 and step.draft_forwards:
             self.bandit.reward(rate)
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Grow layers until the tree holds ``min(budget, self.budget)`` nodes (auto: the step's
         cap, then keep the best-paying top-n)."""
+        if self.auto_size:
+            skipped = self.sizer.skip(session)
+            if skipped is not None:
+                return skipped  # a plain step in a dry spell (no gate was tried: no reward)
         mu = self.bandit.choose() if self.bandit is not None else float(self.options.mu)
         if not self.auto_size:
             tree = self.grow(session, min(int(budget), self.budget), mu, self.options.top_k)
@@ -136,6 +140,6 @@ class TalonPolicy(TreePolicy):
             chosen = torch.sort(chosen).values
             tree, scores, frontier = append_children(tree, scores, frontier, chosen, cand, tokens, ranks)
             depth += 1
-            if stop_growing(sizer, tree, frontier, session):
+            if len(tree) < n_max and stop_growing(sizer, tree, frontier, session):
                 break
         return tree

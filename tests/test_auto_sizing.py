@@ -16,7 +16,7 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import AutoSizer, Calibration, HostTree, MuBandit, Q_EDGES, cell_of
+from specframe.strategies._auto import AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, cell_of
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -154,14 +154,17 @@ def test_ngram_fallback_guesses_are_learned_worthless(policy, explores):
     drafter.begin(torch.arange(10, 30))  # distinct tokens: nothing ever matches past the prompt
     pol = make_plugin("policies", policy)
     pol.sizer.curve = CPU
-    sizes = []
+    sizes, drafted = [], []
     for _ in range(40):
         session = _UntimedSession(drafter, 63, torch.device("cpu"), context_len=21)
         tree = pol.build(session, 64)
         sizes.append(len(tree))
+        drafted.append(session.draft_forwards > 0)
         pol.observe(_fallback_step(tree, session, CPU))
     assert (max(sizes[:3]) > 1) == explores, "the optimistic start must verify some guesses"
     assert sizes[-10:] == [1] * 10
+    # ... and in the dry spell the drafter is only asked on one step in PROBE_EVERY.
+    assert 0 < drafted[-20:].count(True) <= 20 // PROBE_EVERY + 1
 
 
 def test_matched_ngram_drafts_grow_the_tree_again():
@@ -256,3 +259,27 @@ def test_auto_fast_step_still_reads_the_device_once(policy, tmp_path, monkeypatc
     dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}), policy=policy, fast=True)
     reads = count_step_reads(dec, [5, 6, 7], max_new_tokens=24)
     assert reads["steps"] > 1 and reads["engine"] == reads["steps"]
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "eagle3"])
+def test_dry_spells_skip_drafting_and_stay_lossless(drafter, tmp_path, monkeypatch):
+    """On a steep curve every step is plain, most without drafting: drafters must cope with
+    steps they were never asked about (a model drafter's cache catches up on commit)."""
+    from specframe.drafters.eagle_checkpoint import random_head
+    from specframe.testing.models import perturbed_copy
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    target = tiny_model("llama", seed=0, vocab_size=64, dtype=torch.float64)
+    draft = perturbed_copy(target, 1.0, seed=100)  # a poor draft: nothing pays
+    spec = {"model": ("model", {"model": draft}), "ngram": ("ngram", {}),
+            "eagle3": ("eagle3", {"head": random_head(draft, "eagle3", seed=2, draft_vocab_size=40)})}[drafter]
+    dec = specframe.SpecDecoder.build(target=target, drafter=spec, policy=("chain", {"gamma": "auto"}))
+    dec.policy.sizer.curve = STEEP
+    prompt = list(range(2, 12))
+    ids = torch.tensor([prompt])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                          min_new_tokens=40)[0, len(prompt):].tolist()
+    for _ in range(2):
+        out = dec.generate(prompt, max_new_tokens=40, eos_token_id=None)
+        assert out.tokens == ref
+    assert sum(s.draft_forwards == 0 for s in out.steps) >= len(out.steps) // 4
