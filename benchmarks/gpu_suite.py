@@ -8,13 +8,18 @@ Full mode finishes in under 8 minutes and writes ONE JSON file plus a short text
    target and a 1-layer EAGLE-shaped draft (one Llama decoder layer of the target's width with
    the target's vocabulary, run through the ``model`` drafter: the same compute as an EAGLE-1
    head minus its fc layer; random weights, so the split, not tau, is the result);
-3. the demo pair end to end (all arms of examples/demo.toml, greedy, float32 and bf16) with
+3. the demo pair end to end (all arms of examples/demo-tiny.toml, greedy, float32 and bf16) with
    speedups vs the autoregressive arm;
 4. projected speedup per policy for the 8B shape: tau and delta measured on the demo pair
    combined with the measured T(n) and draft step time (a PROJECTION, labelled as such);
 5. engine paths: talon step time on the 8B shape with the reference path vs the fast path
    (one host read per step), and the demo target eager vs ``torch.compile``d (compile time,
-   ms per generated token, whether the tokens agree).
+   ms per generated token, whether the tokens agree);
+6. hardware-aware sizes (issue 16): the cost curve ``specframe profile`` measures for the demo
+   target on this device, and the ``gamma="auto"`` / ``budget="auto", mu="auto"`` arms, which
+   also run in sections 2 (8B shape, random draft: nothing to accept, so auto should send
+   plain steps) and 3 (demo pair: a flat GPU curve should give larger trees than on a CPU),
+   with the mean tree size each arm kept.
 
 ``--smoke`` runs the same code on tiny shapes on the CPU in seconds (CI runs it).
 
@@ -40,7 +45,10 @@ import specframe
 from specframe.target import TargetModel
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICIES = {"chain": ("chain", {"gamma": 4}), "eagle": ("eagle", {}), "talon": ("talon", {})}
+POLICIES = {"chain": ("chain", {"gamma": 4}), "eagle": ("eagle", {}), "talon": ("talon", {}),
+            "chain-auto": ("chain", {"gamma": "auto"}), "talon-auto": ("talon", {"budget": "auto", "mu": "auto"})}
+#: Arms added to examples/demo-tiny.toml in section 3 (names match POLICIES for the projection).
+AUTO_ARMS = {"chain-auto": POLICIES["chain-auto"], "talon-auto": POLICIES["talon-auto"]}
 
 # Llama-3-8B's shape (random weights: shapes decide latency, values do not).
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -64,13 +72,14 @@ class Plan:
     demo_dtypes: list[str]
     demo_limit: int | None
     demo_tokens: int | None
+    curve_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def plan_for(smoke: bool) -> Plan:
     """Full plan on CUDA, tiny plan on CPU for --smoke."""
     if smoke:
         return Plan(torch.device("cpu"), torch.float32, SMOKE_SHAPE, [1, 2, 4, 8], [16, 32], 2, 8,
-                    ["float32"], 1, 8)
+                    ["float32"], 1, 8, (1, 2, 4))
     if not torch.cuda.is_available():
         raise SystemExit("full mode needs a CUDA GPU; use --smoke on a CPU")
     return Plan(torch.device("cuda"), torch.bfloat16, LLAMA3_8B, [2 ** i for i in range(8)], [512, 2048],
@@ -170,13 +179,18 @@ def step_split(target_model: Any, draft_model: Any, plan: Plan) -> dict:
 
 
 def demo_end_to_end(plan: Plan, out_dir: Path) -> dict:
-    """All arms of examples/demo.toml per dtype; returns {dtype: {arm: metrics}}."""
-    from specframe.config import load_config
+    """All arms of examples/demo-tiny.toml (the tiny code pair) plus the auto arms, per dtype;
+    returns {dtype: {arm: metrics}}."""
+    from specframe.config import ArmConfig, PluginRef, load_config
     from specframe.experiment import run_experiment
 
     results = {}
     for dtype in plan.demo_dtypes:
-        config = load_config(ROOT / "examples" / "demo.toml")
+        config = load_config(ROOT / "examples" / "demo-tiny.toml")
+        base = next(a for a in config.arms if a.policy is not None)
+        config.arms = list(config.arms) + [
+            ArmConfig(name=label, policy=PluginRef(name, dict(options)), drafter=base.drafter, verifier=base.verifier)
+            for label, (name, options) in AUTO_ARMS.items()]
         device = plan.device.type
         config.target = dataclasses.replace(config.target, dtype=dtype, device=device)
         config.models = {k: dataclasses.replace(v, dtype=dtype, device=device) for k, v in config.models.items()}
@@ -188,8 +202,9 @@ def demo_end_to_end(plan: Plan, out_dir: Path) -> dict:
             config.threads = None
         outcome = run_experiment(config, out_dir=out_dir / f"demo-{dtype}", fresh=True, progress=False)
         results[dtype] = {
-            arm["name"]: {k: arm["overall"].get(k) for k in
-                          ("tau", "delta", "tokens_per_s", "speedup", "speedup_std", "mismatches")}
+            arm["name"]: {**{k: arm["overall"].get(k) for k in
+                             ("tau", "delta", "tokens_per_s", "speedup", "speedup_std", "mismatches")},
+                          "mean_tree_size": (arm.get("shapes") or {}).get("mean_tree_size")}
             for arm in outcome.summary["arms"]
         }
     return results
@@ -208,7 +223,9 @@ def projection(curve: dict, split: dict, demo: dict) -> dict:
     out = {}
     for label, meas in split.items():
         arm = demo_arms.get(label)
-        if not arm or arm.get("tau") is None:
+        # An auto arm's size depends on the pair's acceptance: the random 8B pair's sizes say
+        # nothing about what it would keep with the demo pair's, so it is not projected.
+        if not arm or arm.get("tau") is None or label.endswith("-auto"):
             continue
         size = min(t, key=lambda n: abs(n - meas["tree_size"]))
         cost = t[size] + arm["delta"] * meas["draft_ms_per_forward"] + meas["policy_ms"] + meas["verify_ms"]
@@ -262,6 +279,19 @@ def compile_check(plan: Plan) -> dict:
     return out
 
 
+def demo_cost_curve(plan: Plan) -> dict:
+    """The quick cost curve of the demo target on this device (what an auto arm uses), as ms
+    and T(n)/T(1) per cache length."""
+    from specframe.profile import measure
+    from specframe.target import load_causal_lm
+
+    target = TargetModel(load_causal_lm("demo-target", dtype="float32", device=plan.device.type))
+    curve = measure(target, sizes=tuple(plan.curve_sizes), reps=plan.reps)
+    return {"key": curve.key, "sizes": curve.sizes,
+            "ms": {str(c): [1e3 * t for t in row] for c, row in zip(curve.cache_lens, curve.seconds)},
+            "ratio": {str(c): curve.ratios(c) for c in curve.cache_lens}}
+
+
 def summary_text(result: dict) -> str:
     """A short human-readable summary of the JSON result."""
     lines = [f"specframe gpu_suite ({result['mode']}) on {result['machine']['device_name']}, "
@@ -271,7 +301,7 @@ def summary_text(result: dict) -> str:
         lines.append(f"  prefix {prefix:>5}: " + "  ".join(f"n={n}:{ms:.2f}" for n, ms in row.items()))
     lines += ["", "2. per-step split, ms (target / draft / policy / verify / other; tree size; draft fwd)"]
     for label, s in result["step_split_ms"].items():
-        lines.append(f"  {label:<6} {s['target_ms']:.2f} / {s['draft_ms']:.2f} / {s['policy_ms']:.2f} / "
+        lines.append(f"  {label:<10} {s['target_ms']:.2f} / {s['draft_ms']:.2f} / {s['policy_ms']:.2f} / "
                      f"{s['verify_ms']:.2f} / {s['other_ms']:.2f}; n={s['tree_size']:.1f}; "
                      f"delta={s['draft_forwards']:.1f}")
     lines += ["", "3. demo pair end to end (tau, delta, speedup vs autoregressive, greedy mismatches)"]
@@ -280,7 +310,8 @@ def summary_text(result: dict) -> str:
         for name, m in arms.items():
             fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
             lines.append(f"    {name:<16} tau {fmt(m['tau'])}  delta {fmt(m['delta'])}  "
-                         f"speedup {fmt(m['speedup'])}  mismatches {m.get('mismatches')}")
+                         f"speedup {fmt(m['speedup'])}  tree {fmt(m.get('mean_tree_size'))}  "
+                         f"mismatches {m.get('mismatches')}")
     lines += ["", "4. PROJECTED 8B speedup (demo-pair tau x measured 8B latencies; not a measurement)"]
     for label, p in result["projection"].items():
         lines.append(f"  {label:<6} {p['projected_speedup']:.2f}x (tau {p['tau_demo']:.2f}, delta {p['delta_demo']:.2f})")
@@ -288,6 +319,11 @@ def summary_text(result: dict) -> str:
     if paths:
         lines += ["", "5. engine paths (talon, 8B shape): step ms reference -> fast: "
                   f"{paths['reference']['step_ms']:.2f} -> {paths['fast']['step_ms']:.2f}"]
+    curve = result.get("demo_cost_curve")
+    if curve:
+        lines += ["", f"6. demo target cost curve T(n)/T(1) ({curve['key']}); auto arms' tree sizes are in 2 and 3"]
+        for cache_len, ratios in curve["ratio"].items():
+            lines.append(f"  cache {cache_len:>4}: " + "  ".join(f"n={n}:{r:.2f}" for n, r in zip(curve["sizes"], ratios)))
     comp = result.get("compile", {})
     if "error" in comp:
         lines.append(f"   torch.compile: failed ({comp['error']})")
@@ -328,6 +364,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result["demo"] = {} if args.skip_demo else demo_end_to_end(plan, Path(tmp))
     print("3. demo pair done", flush=True)
+    result["demo_cost_curve"] = demo_cost_curve(plan)
+    print("6. demo cost curve done", flush=True)
     result["projection"] = projection(result["latency_ms"], result["step_split_ms"], result["demo"])
     try:  # compilation is the least predictable part: a failure must not lose the rest
         result["compile"] = {} if args.skip_compile else compile_check(plan)

@@ -16,10 +16,11 @@ def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
     result = json.loads((tmp_path / "gpu_suite_smoke.json").read_text())
     assert set(result["latency_ms"]) == {"16", "32"}
     assert all(len(row) == 4 and all(ms > 0 for ms in row.values()) for row in result["latency_ms"].values())
-    assert set(result["step_split_ms"]) == {"chain", "eagle", "talon"}
+    assert set(result["step_split_ms"]) == {"chain", "eagle", "talon", "chain-auto", "talon-auto"}
     assert result["step_split_ms"]["eagle"]["draft_forwards"] == 8.0  # D + 1 with D = 7
     arms = result["demo"]["float32"]
-    assert "autoregressive" in arms and "talon" in arms
+    assert "autoregressive" in arms and "talon" in arms and arms["talon-auto"]["mean_tree_size"] >= 1
+    assert result["demo_cost_curve"]["sizes"] == [1, 2, 4]
     assert all(m["mismatches"] in (0, None) for m in arms.values())
     assert set(result["projection"]) <= {"chain", "eagle", "talon"} and result["projection"]
     assert set(result["engine_paths"]) == {"reference", "fast"}
