@@ -19,7 +19,8 @@ Model (docs/auto-sizing.md has the argument):
 * Build size. Drafting a larger tree than the chooser keeps is waste, so the tree is built with
   a cap of twice the size that pays in steady state over the last few steps (where a size also
   pays for the draft layers it needs), and growing policies stop adding layers whose best node
-  could not pay for itself.
+  could not pay for itself. In a dry spell (trees cut to the root for a while) the drafter is
+  only asked on one step in four.
 
 The bookkeeping runs on the host over plain lists (a layer is read back once): a tree of at most
 a few hundred nodes costs less in Python than in a dozen tiny tensor ops per layer.
