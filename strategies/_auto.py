@@ -443,5 +443,7 @@ def check_size_option(value: Any, option: str, minimum: int) -> None:
     """``value`` must be an int >= ``minimum`` or ``"auto"``."""
     from specframe.options import require
 
-    require(value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= minimum),
-            option, f"must be an integer >= {minimum} or \"auto\", got {value!r}")
+    if isinstance(value, str):
+        require(value == AUTO, option, f"must be an int or \"auto\", got {value!r}")
+    else:
+        require(value >= minimum, option, f"must be >= {minimum}, got {value} (or \"auto\")")

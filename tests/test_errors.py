@@ -34,10 +34,16 @@ def test_unknown_option_names_the_valid_ones(target):
         _build(target, policy=("chain", {"gama": 3}))
 
 
-@pytest.mark.parametrize("value", ["4", 2.5, True, None])
+@pytest.mark.parametrize("value", [2.5, True, None])
 def test_ill_typed_option_is_named(target, value):
     with pytest.raises(specframe.OptionError, match="option 'gamma' of policy 'chain' must be int"):
         _build(target, policy=("chain", {"gamma": value}))
+
+
+def test_string_option_other_than_auto_is_named(target):
+    # gamma takes an int or "auto" (hardware-aware size), so "4" is refused by value.
+    with pytest.raises(specframe.OptionError, match="option 'gamma' must be an int or \"auto\", got '4'"):
+        _build(target, policy=("chain", {"gamma": "4"}))
 
 
 def test_out_of_range_option_is_named(target):
