@@ -101,12 +101,14 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 
 # ---------------------------------------------------------------------- keys and the cache
 def model_label(model: Any) -> str:
-    """A readable model name plus a hash of its config (weights do not change the cost)."""
+    """A readable model name plus a hash of its config (weights do not change the cost), and
+    ``-packed`` when its linears were replaced by pre-packed ones (they do change it)."""
     cfg = model.config
     name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
     name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
-    return f"{_safe(name)}-{digest}"
+    packed = any(type(m).__name__ == "PackedLinear" for m in model.modules())
+    return f"{_safe(name)}-{digest}" + ("-packed" if packed else "")
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
