@@ -52,7 +52,9 @@ def speculative_tau(model, tok, head_path: str, users: list[str], policy: tuple,
         ids = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         out = dec.generate(ids, max_new_tokens=tokens, eos_token_id=tok.eos_token_id)
-        ref = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens,
+        # All-ones mask: pad = <|im_end|> sits inside chat prompts, and generate() would mask it.
+        ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=tokens,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         mismatches += out.tokens != ref[: len(out.tokens)] or len(out.tokens) != len(ref)
         emitted += len(out.tokens)

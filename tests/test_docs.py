@@ -87,3 +87,28 @@ def test_index_python_example_runs():
     code = CODE_BLOCK.search(section).group(1)
     assert "assert out.tokens == ref.tolist()" in code
     exec(compile(code, "docs/index.md", "exec"), {"print": lambda *a, **k: None})
+
+
+def _demo_shape(path: Path) -> str:
+    """'P prompts x T tokens, A arms' of an experiment file, as the docs must state it."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    cfg = tomllib.loads(path.read_text())
+    return f"{cfg['data']['limit']} prompts x {cfg['max_new_tokens']} tokens, {len(cfg['arm'])} arms"
+
+
+def test_docs_describe_the_demo_that_ships():
+    """Every place that sizes `specframe demo` says what examples/demo.toml runs (they drifted
+    once: 8 prompts, 64 tokens and 8 arms in the docs against 10, 96 and 9 in the file). Only
+    the default demo is sized in the form "P prompts x T tokens, A arms"."""
+    shape = _demo_shape(DOCS.parent / "examples" / "demo.toml")
+    places = [DOCS / "index.md", DOCS / "cli.md", DOCS / "experiments.md", DOCS.parent / "README.md"]
+    sizing = re.compile(r"\d+ prompts x \d+ tokens, \d+ arms")
+    for place in places:
+        text = place.read_text()
+        stated = sizing.findall(" ".join(text.split()))  # a statement may wrap lines
+        assert stated, f"{place.name} does not say what `specframe demo` runs ({shape})"
+        assert set(stated) == {shape}, f"{place.name} says {sorted(set(stated))}, examples/demo.toml runs {shape}"

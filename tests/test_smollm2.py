@@ -41,7 +41,10 @@ def smollm2():
     for text in PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    refs = [model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+    # An explicit all-ones mask: SmolLM2's pad token is <|im_end|>, which the chat template puts
+    # inside every prompt, and generate() would otherwise mask those positions out.
+    refs = [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                           do_sample=False, max_new_tokens=16, eos_token_id=None,
                            pad_token_id=tok.eos_token_id)[0, len(p):].tolist() for p in prompts]
     return model, prompts, refs
 
