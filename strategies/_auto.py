@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, StepStats
+from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.tree import DraftTree
 
 #: Upper edges of the draft-probability bins (the last bin runs to 1). The lowest bin holds
@@ -447,3 +447,33 @@ def check_size_option(value: Any, option: str, minimum: int) -> None:
         require(value == AUTO, option, f"must be an int or \"auto\", got {value!r}")
     else:
         require(value >= minimum, option, f"must be >= {minimum}, got {value} (or \"auto\")")
+
+
+class AutoSizedPolicy(TreePolicy):
+    """Base of the policies whose size may be ``"auto"``: holds the optional :class:`AutoSizer`
+    (``self.sizer``, None for fixed sizes) and passes the engine's hooks on to it."""
+
+    sizer: AutoSizer | None = None
+
+    @property
+    def budget(self) -> int:
+        """N, or ``max_budget`` under ``budget="auto"``."""
+        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
+
+    def attach(self, target: Any) -> None:
+        """Auto sizes read the target's cost curve (measured and cached on first use)."""
+        if self.sizer is not None:
+            self.sizer.attach(target)
+
+    def reset(self) -> None:
+        """Per-sequence state goes; acceptance statistics persist (same pair)."""
+        if self.sizer is not None:
+            self.sizer.reset()
+
+    def observe(self, step: StepStats) -> None:
+        """Feed the auto sizer."""
+        self.observed_rate(step)
+
+    def observed_rate(self, step: StepStats) -> float:
+        """Feed the auto sizer; the step's modelled token rate (0 without a sizer)."""
+        return 0.0 if self.sizer is None else self.sizer.observe(step)

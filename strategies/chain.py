@@ -14,15 +14,14 @@ a plain decoding step).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizer, check_size_option, stop_growing
+from ._auto import AUTO, AutoSizedPolicy, AutoSizer, check_size_option, stop_growing
 from ._helpers import topk_children
 from ._sampling import draft_distribution, rank_in_row, sample_iid, session_generator
 
@@ -70,7 +69,7 @@ class ChainOptions:
         require(0.0 <= self.confidence_threshold <= 1.0, "confidence_threshold", "must be in [0, 1]")
 
 
-class ChainPolicy(TreePolicy):
+class ChainPolicy(AutoSizedPolicy):
     """Drafts a chain: each step expands only the newest node and keeps its top-1 child."""
 
     name = "chain"
@@ -88,16 +87,10 @@ class ChainPolicy(TreePolicy):
         auto = self.sizer is not None or self.options.schedule == "heuristic"
         return (self.options.max_gamma if auto else self.options.gamma) + 1
 
-    def attach(self, target: Any) -> None:
-        """``gamma="auto"`` reads the target's cost curve (measured and cached on first use)."""
-        if self.sizer is not None:
-            self.sizer.attach(target)
-
     def reset(self) -> None:
         """Restart the schedule at the configured gamma (auto: keep the acceptance statistics)."""
         self.gamma = self.options.max_gamma if self.sizer is not None else self.options.gamma
-        if self.sizer is not None:
-            self.sizer.reset()
+        super().reset()
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each

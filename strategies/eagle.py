@@ -14,15 +14,14 @@ step's build cap, and layers stop when their best node could not pay for itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.interfaces import DraftSession
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizer, auto_top_k, check_size_option, stop_growing
+from ._auto import AUTO, AutoSizedPolicy, AutoSizer, auto_top_k, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
@@ -52,7 +51,7 @@ class EagleOptions:
         require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
 
 
-class EaglePolicy(TreePolicy):
+class EaglePolicy(AutoSizedPolicy):
     """EAGLE-2/3's static-width, static-depth dynamic tree with a final global re-rank."""
 
     name = "eagle"
@@ -61,26 +60,6 @@ class EaglePolicy(TreePolicy):
     def __init__(self, options: EagleOptions) -> None:
         super().__init__(options)
         self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
-
-    @property
-    def budget(self) -> int:
-        """N, or ``max_budget`` under ``budget="auto"``."""
-        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
-
-    def attach(self, target: Any) -> None:
-        """``budget="auto"`` reads the target's cost curve (measured and cached on first use)."""
-        if self.sizer is not None:
-            self.sizer.attach(target)
-
-    def reset(self) -> None:
-        """Per-sequence state goes; acceptance statistics persist (same pair)."""
-        if self.sizer is not None:
-            self.sizer.reset()
-
-    def observe(self, step: StepStats) -> None:
-        """Feed the auto sizer."""
-        if self.sizer is not None:
-            self.sizer.observe(step)
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes (auto:

@@ -14,15 +14,14 @@ their best node could not pay for itself, and the calibrated top-n is kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.interfaces import DraftSession
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizer, check_size_option, stop_growing
+from ._auto import AUTO, AutoSizedPolicy, AutoSizer, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
@@ -57,7 +56,7 @@ def best_sum(scores: torch.Tensor, n: int) -> float:
     return float(scores[1:][top_indices(scores[1:], n)].exp().sum())
 
 
-class OptTreePolicy(TreePolicy):
+class OptTreePolicy(AutoSizedPolicy):
     """Greedy layer-wise OPT-Tree with the paper's stopping rule."""
 
     name = "opt-tree"
@@ -66,26 +65,6 @@ class OptTreePolicy(TreePolicy):
     def __init__(self, options: OptTreeOptions) -> None:
         super().__init__(options)
         self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
-
-    @property
-    def budget(self) -> int:
-        """N, or ``max_budget`` under ``budget="auto"``."""
-        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
-
-    def attach(self, target: Any) -> None:
-        """``budget="auto"`` reads the target's cost curve (measured and cached on first use)."""
-        if self.sizer is not None:
-            self.sizer.attach(target)
-
-    def reset(self) -> None:
-        """Per-sequence state goes; acceptance statistics persist (same pair)."""
-        if self.sizer is not None:
-            self.sizer.reset()
-
-    def observe(self, step: StepStats) -> None:
-        """Feed the auto sizer."""
-        if self.sizer is not None:
-            self.sizer.observe(step)
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Draft layers of n candidates until the gain drops to ``threshold``; keep the n best

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizer, MuBandit, auto_top_k, check_size_option, stop_growing
+from ._auto import AUTO, AutoSizedPolicy, AutoSizer, MuBandit, auto_top_k, check_size_option, stop_growing
 from ._helpers import append_children, child_scores, top_indices, topk_children
 
 
@@ -60,7 +59,7 @@ class TalonOptions:
         require(self.init_layers >= 0, "init_layers", f"must be >= 0, got {self.init_layers}")
 
 
-class TalonPolicy(TreePolicy):
+class TalonPolicy(AutoSizedPolicy):
     """TALON's budget-driven adaptive tree: Top-K start, then a relative confidence gate."""
 
     name = "talon"
@@ -79,21 +78,10 @@ class TalonPolicy(TreePolicy):
         """N, or ``max_budget`` under ``budget="auto"``."""
         return self.options.max_budget if self.auto_size else int(self.options.budget)
 
-    def attach(self, target: Any) -> None:
-        """Auto options read the target's cost curve (measured and cached on first use)."""
-        if self.sizer is not None:
-            self.sizer.attach(target)
-
-    def reset(self) -> None:
-        """Per-sequence state goes; acceptance statistics and the bandit persist (same pair)."""
-        if self.sizer is not None:
-            self.sizer.reset()
-
     def observe(self, step: StepStats) -> None:
-        """Feed the auto sizer and the mu bandit."""
-        if self.sizer is None:
-            return
-        rate = self.sizer.observe(step)
+        """Feed the auto sizer and the mu bandit (which persists across sequences, like the
+        acceptance statistics)."""
+        rate = self.observed_rate(step)
         if self.bandit is not None and rate > 0.0 and step.draft_forwards:
             self.bandit.reward(rate)
 
