@@ -278,18 +278,25 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 
 def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
                   sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
-                  reps: int = FULL_REPS, plot_path: Path | None = None) -> tuple[CostCurve, Path, Path]:
+                  reps: int = FULL_REPS, plot_path: Path | None = None,
+                  packed_linears: bool = False) -> tuple[CostCurve, Path, Path]:
     """Load ``name`` (path, hub id or shipped name), measure its curve, cache it and plot it.
 
     Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
-    for the measurement (and the key); None keeps the current setting.
+    for the measurement (and the key); None keeps the current setting. ``packed_linears``
+    measures the model with MKL-packed linears (:mod:`specframe.packed_linear`), cached apart.
     """
     from .experiment import resolve_device
     from .target import TargetModel, load_causal_lm
 
     if threads:
         torch.set_num_threads(int(threads))
-    target = TargetModel(load_causal_lm(name, dtype=dtype, device=resolve_device(device)))
+    model = load_causal_lm(name, dtype=dtype, device=resolve_device(device))
+    if packed_linears:
+        from .packed_linear import pack_linears
+
+        pack_linears(model)
+    target = TargetModel(model)
     curve = measure(target, sizes, cache_lens, reps)
     path = save(curve)
     png = plot(curve, plot_path or path.with_suffix(".png"))
