@@ -58,8 +58,10 @@ def smollm2():
 def test_real_model_is_lossless(smollm2, drafter, policy):
     model, prompts, refs = smollm2
     dec = specframe.SpecDecoder.build(target=model, drafter=drafter, policy=policy, verifier="greedy")
+    emitted = steps = 0
     for prompt, ref in zip(prompts, refs):
         out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
         assert out.tokens == ref
-    if drafter[0] == "eagle3":  # a trained head is accepted, not just harmless
-        assert out.tau > 1.5
+        emitted, steps = emitted + len(out.tokens), steps + len(out.steps)
+    if drafter[0] == "eagle3":  # the trained head is accepted, not just harmless (random: tau ~1.0)
+        assert emitted / steps > 1.2
