@@ -545,10 +545,14 @@ class Experiment:
         ref_arm = next((a for a in cfg.arms if a.baseline == "autoregressive"), None)
         store = AnswerStore(self.out_dir)
         ref = {} if ref_arm is None else {_key(r["question_id"], r["repeat"]): r for r in read_answers(store.path(ref_arm))}
-        differing = [(arm.name, r, ref[_key(r["question_id"], r["repeat"])])
-                     for arm in cfg.arms if arm is not ref_arm for r in read_answers(store.path(arm))
-                     if r.get("greedy") and _key(r["question_id"], r["repeat"]) in ref
-                     and r["output_ids"] != ref[_key(r["question_id"], r["repeat"])]["output_ids"]]
+        differing = []
+        for arm in cfg.arms:
+            if arm is ref_arm:
+                continue
+            for record in read_answers(store.path(arm)):
+                base = ref.get(_key(record["question_id"], record["repeat"]))
+                if record.get("greedy") and base is not None and record["output_ids"] != base["output_ids"]:
+                    differing.append((arm.name, record, base))
         if not differing:
             path.unlink(missing_ok=True)
             return
