@@ -87,6 +87,8 @@ def config_text(args: argparse.Namespace) -> str:
         lines.append(f"threads = {args.threads}")
     lines += ["", "[target]", f"model = {_toml(pair['target'])}", f"dtype = {_toml(args.dtype)}",
               f"device = {_toml(args.device)}"]
+    if args.packed_linears:
+        lines.append("packed_linears = true")
     if args.pair == "demo":
         lines += ["", "[models.draft]", 'model = "demo-draft"']
     lines += ["", "[drafter]", f"name = {_toml(drafter)}", f"options = {_toml(drafter_options)}"]
@@ -168,12 +170,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--packed-linears", action=argparse.BooleanOptionalAction, default=None,
+                        help="MKL-packed target linears (default: on for smollm2, as examples/smollm2.toml)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "auto_sizing")
     parser.add_argument("--smoke", action="store_true", help="demo pair, 2 fixed arms, 1 prompt, 8 tokens")
     args = parser.parse_args(argv)
     if args.smoke:
         args.pair, args.limit, args.max_new_tokens, args.warmup, args.threads = "demo", 1, 8, 1, 1
         args.drafter = args.drafter if args.drafter in PAIRS["demo"]["drafters"] else "model"
+    if args.packed_linears is None:
+        args.packed_linears = args.pair == "smollm2" and not args.smoke
     if args.drafter not in PAIRS[args.pair]["drafters"]:
         parser.error(f"--drafter for pair {args.pair}: one of {sorted(PAIRS[args.pair]['drafters'])}")
     return args
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> str:
     """Run one table and print it; returns the printed text."""
     from specframe.config import load_config
     from specframe.experiment import run_experiment
+    from specframe.report import write_report
 
     args = parse(argv)
     out_dir = args.out / f"{args.pair}-{args.drafter}-{args.table}"
@@ -193,7 +200,7 @@ def main(argv: list[str] | None = None) -> str:
         key = warm_cost_curve(config)
         start = time.perf_counter()
         outcome = run_experiment(config, out_dir=out_dir, fresh=True, progress=False)
-    text = table_text(outcome.summary, args, key, time.perf_counter() - start)
+    text = table_text(write_report(outcome.out_dir), args, key, time.perf_counter() - start)
     (out_dir / "auto_sizing.txt").write_text(text, encoding="utf-8")
     print(text)
     return text

@@ -5,9 +5,10 @@ Random 4-layer d=256 Llama target and a 1-layer d=128 Llama draft (CPU, float32,
 width-10 policy defined below. "Everything else" is policy bookkeeping + verification +
 commit/KV compaction + engine overhead; the goal is <= 15% of the step time.
 
-Each arm runs on the reference path (growing cache, validation and verdict read piece by
-piece) and the fast path (pre-allocated cache, one host read per step); ``--compile`` adds the
-fast path with the target under ``torch.compile`` (minutes of compilation on a CPU).
+Each arm runs as a strict engine on a growing cache (every tree checked on the host, KV
+reallocated per step) and as the default engine on a pre-allocated cache (one host read per
+step, KV compacted in place); ``--compile`` adds the latter with the target under
+``torch.compile`` (minutes of compilation on a CPU).
 
     python benchmarks/bench_engine.py [--tokens 128] [--threads 2] [--compile]
 """
@@ -24,7 +25,7 @@ import specframe
 
 
 @dataclass
-class WideOptions:
+class WideOptions(specframe.BudgetOptions):
     """Options of the throw-away benchmark policy."""
 
     budget: int = 60
@@ -40,7 +41,7 @@ class WideTreePolicy(specframe.TreePolicy):
     def build(self, session, budget):
         tree = session.new_tree()
         frontier = torch.tensor([0])
-        limit = min(budget, self.budget)
+        limit = budget
         while len(tree) < limit:
             logp = session.expand(tree, frontier)
             vals, toks = logp.topk(self.options.width, dim=-1)
@@ -64,10 +65,11 @@ def make_models(vocab: int = 32000):
     return llama(256, 4, 0), llama(128, 1, 1)
 
 
-def run_arm(label, target, draft, policy, tokens, prompt, fast=False, compile=False):
+def run_arm(label, target, draft, policy, tokens, prompt, preallocate=False, strict=False, compile=False):
     """Generate once (warm-up) and once timed; print the mean split per step."""
-    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}), policy=policy,
-                                      fast=fast, compile=compile)
+    dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                      drafter=("model", {"model": draft}), policy=policy, strict=strict,
+                                      compile=compile)
     # Compiled: warm up with the timed length, so every tree and cache size has been traced.
     dec.generate(prompt, max_new_tokens=tokens if compile else 16, eos_token_id=None)
     out = dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)
@@ -90,19 +92,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compile", action="store_true", help="also time the fast path with a compiled target")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the pre-allocated arm with a compiled target")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = make_models()
     prompt = torch.randint(0, 32000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"torch {torch.__version__}, {args.threads} threads, CPU float32, {args.tokens} new tokens")
-    # Reference path (growing DynamicCache) and fast path (pre-allocated cache) side by side.
+    # Strict engine on a growing DynamicCache and default engine on a pre-allocated cache.
     for label, policy in (("chain gamma=4", ("chain", {"gamma": 4})),
                           ("60-node tree (wide)", WideTreePolicy(WideOptions()))):
-        for fast in (False, True):
-            run_arm(f"{label} {'fast' if fast else 'ref '}", target, draft, policy, args.tokens, prompt, fast)
+        run_arm(f"{label} strict", target, draft, policy, args.tokens, prompt, preallocate=False, strict=True)
+        run_arm(f"{label} prealloc", target, draft, policy, args.tokens, prompt, preallocate=True)
         if args.compile:
-            run_arm(f"{label} compiled", target, draft, policy, args.tokens, prompt, True, True)
+            run_arm(f"{label} compiled", target, draft, policy, args.tokens, prompt, preallocate=True, compile=True)
 
 
 if __name__ == "__main__":

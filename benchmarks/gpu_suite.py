@@ -12,8 +12,9 @@ Full mode finishes in under 8 minutes and writes ONE JSON file plus a short text
    speedups vs the autoregressive arm;
 4. projected speedup per policy for the 8B shape: tau and delta measured on the demo pair
    combined with the measured T(n) and draft step time (a PROJECTION, labelled as such);
-5. engine paths: talon step time on the 8B shape with the reference path vs the fast path
-   (one host read per step), and the demo target eager vs ``torch.compile``d (compile time,
+5. engine paths: talon step time on the 8B shape with the reference set-up (strict engine:
+   every tree checked on the host; growing KV cache) vs the fast one (one host read per step,
+   pre-allocated KV cache), and the demo target eager vs ``torch.compile``d (compile time,
    ms per generated token, whether the tokens agree);
 6. hardware-aware sizes (issue 16): the cost curve ``specframe profile`` measures for the demo
    target on this device, and the ``gamma="auto"`` / ``budget="auto", mu="auto"`` arms, which
@@ -148,10 +149,13 @@ def latency_curve(target: TargetModel, plan: Plan) -> dict:
 
 
 def warm_run(target_model: Any, draft_model: Any, policy: Any, plan: Plan, fast: bool = True) -> Any:
-    """One short warm-up generation, then the measured one (``plan.step_tokens`` tokens)."""
+    """One short warm-up generation, then the measured one (``plan.step_tokens`` tokens).
+
+    ``fast``: the default engine on a pre-allocated KV cache; False: a strict engine on a
+    growing cache (the reference set-up)."""
     prompt = torch.randint(0, plan.shape["vocab_size"], (plan.prefixes[0],), generator=torch.Generator().manual_seed(0))
-    dec = specframe.SpecDecoder.build(target=target_model, drafter=("model", {"model": draft_model}),
-                                      policy=policy, fast=fast)
+    dec = specframe.SpecDecoder.build(target=TargetModel(target_model, preallocate=fast),
+                                      drafter=("model", {"model": draft_model}), policy=policy, strict=not fast)
     dec.generate(prompt, max_new_tokens=4, eos_token_id=None)
     sync(plan.device)
     return dec.generate(prompt, max_new_tokens=plan.step_tokens, eos_token_id=None)
@@ -183,6 +187,7 @@ def demo_end_to_end(plan: Plan, out_dir: Path) -> dict:
     returns {dtype: {arm: metrics}}."""
     from specframe.config import ArmConfig, PluginRef, load_config
     from specframe.experiment import run_experiment
+    from specframe.report import write_report
 
     results = {}
     for dtype in plan.demo_dtypes:
@@ -201,11 +206,12 @@ def demo_end_to_end(plan: Plan, out_dir: Path) -> dict:
         if device == "cuda":
             config.threads = None
         outcome = run_experiment(config, out_dir=out_dir / f"demo-{dtype}", fresh=True, progress=False)
+        summary = write_report(outcome.out_dir)
         results[dtype] = {
             arm["name"]: {**{k: arm["overall"].get(k) for k in
                              ("tau", "delta", "tokens_per_s", "speedup", "speedup_std", "mismatches")},
                           "mean_tree_size": (arm.get("shapes") or {}).get("mean_tree_size")}
-            for arm in outcome.summary["arms"]
+            for arm in summary["arms"]
         }
     return results
 
@@ -263,8 +269,9 @@ def compile_check(plan: Plan) -> dict:
     tokens = plan.step_tokens
     out: dict[str, Any] = {}
     for label, compiled in (("eager", False), ("compiled", True)):
-        dec = specframe.SpecDecoder.build(target=target_model, drafter=("model", {"model": draft_model}),
-                                          policy="talon", fast=True, compile=compiled)
+        dec = specframe.SpecDecoder.build(target=TargetModel(target_model, preallocate=True),
+                                          drafter=("model", {"model": draft_model}), policy="talon",
+                                          strict=False, compile=compiled)
         sync(plan.device)
         start = time.perf_counter()
         dec.generate(prompt, max_new_tokens=tokens, eos_token_id=None)  # warm-up traces every shape

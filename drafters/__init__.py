@@ -24,6 +24,6 @@ def register_drafters(register):
 @hookimpl
 def register_commands(cli):
     """Add the ``train-eagle`` command (EAGLE head trainer)."""
-    from specframe.eagle_train import train_eagle_command
+    from .eagle_train import train_eagle_command
 
     cli.add_command(train_eagle_command)

@@ -177,8 +177,9 @@ class EagleDrafter(Drafter):
 
     # ------------------------------------------------------------------ commit
     @torch.inference_mode()
-    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None) -> None:
-        """Drop this step's tree entries; queue (target feature of each path node, next token).
+    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
+               tree: DraftTree | None = None) -> None:
+        """Drop this step's tree entries (so a re-indexed ``tree`` needs no mapping); queue (target feature of each path node, next token).
 
         The accepted path (root first) and the emitted tokens (accepted + bonus) give pairs
         (f_root, t_1), (f_{a_1}, t_2), ..., (f_{a_k}, bonus): exactly the next committed pairs.

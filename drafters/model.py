@@ -60,6 +60,7 @@ class ModelDrafter(Drafter):
         self.lm = TargetModel(model)
         self.committed: list[int] = []
         self.cached = 0
+        self._kept: tuple[torch.Tensor, dict[int, int], int] | None = None  # commit's path, until read
 
     @property
     def vocab_size(self) -> int:
@@ -71,24 +72,31 @@ class ModelDrafter(Drafter):
         self.lm.reset()
         self.committed = [int(t) for t in prompt_ids.tolist()]
         self.cached = 0
+        self._kept = None
         self._new_step()
 
     def _new_step(self) -> None:
-        self.slot_of: dict[int, int] = {}  # tree node -> slot index in the tree region of the cache
-        # Drafted tokens after the root -> slot: policies may return a re-indexed sub-tree
-        # (EAGLE / OPT-Tree re-rank with select()), so commit matches the path by tokens.
-        self.slot_of_tokens: dict[tuple[int, ...], int] = {}
+        # Tree node (index in the tree expand saw) -> slot in the tree region of the cache.
+        # Policies may return a re-indexed sub-tree (EAGLE / OPT-Tree re-rank with select()):
+        # commit maps the verified path back through the tree's origins().
+        self.slot_of: dict[int, int] = {}
         self.logp_of: dict[int, torch.Tensor] = {}
         self.tree_start: int | None = None
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Draft log-probs after each node; one forward covers catch-up tokens and new nodes."""
         # One read of the tree per draft forward (on a GPU each read waits for the device);
-        # the bookkeeping below then walks plain lists.
-        n = len(tree)
-        host = torch.cat([tree.tokens, tree.parents, tree.depths, nodes.to(tree.device)]).tolist()
+        # the bookkeeping below then walks plain lists. The last step's accepted nodes, if
+        # commit left them on the device, come back in the same read.
+        n, m = len(tree), len(nodes)
+        parts = [tree.tokens, tree.parents, tree.depths, nodes.to(tree.device)]
+        if self._kept is not None:
+            parts.append(self._kept[0].to(tree.device))
+        host = torch.cat(parts).tolist()
+        if self._kept is not None:
+            self._compact(host[3 * n + m :])
         shape = _HostTree(host[:n], host[n : 2 * n], host[2 * n : 3 * n])
-        wanted = host[3 * n :]
+        wanted = host[3 * n : 3 * n + m]
         todo = [i for i in shape.closure(wanted) if i not in self.slot_of]
         if todo:
             self._forward(tree, todo, shape)
@@ -118,25 +126,45 @@ class ModelDrafter(Drafter):
         self.cached += p
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         for j, node in enumerate(todo):
-            self.slot_of_tokens[shape.token_path(node)] = len(self.slot_of)
             self.slot_of[node] = len(self.slot_of)
             self.logp_of[node] = logp[j]
 
-    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None) -> None:
-        """Keep the cache entries of the accepted path that were forwarded; drop the rest."""
+    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
+               tree: DraftTree | None = None) -> None:
+        """Keep the cache entries of the accepted path that were forwarded; drop the rest.
+
+        The path's nodes are mapped to the nodes ``expand`` saw through ``tree.origins()``
+        (without ``tree``: the path indexes that tree directly). The path stays on its device
+        until the next ``expand`` reads it with the next tree, so committing reads nothing."""
         emitted = [int(t) for t in tokens.tolist()]
+        self._compact()  # a step without draft forwards left the one before it pending
         if self.tree_start is not None:
-            keep: list[int] = []
-            for depth in range(len(path) if path is not None else 0):
-                slot = self.slot_of_tokens.get(tuple(emitted[:depth]))
-                if slot is None:
-                    break
-                keep.append(slot)
-            self.lm.keep(self.tree_start, torch.tensor(keep, dtype=torch.long),
-                         contiguous=keep == list(range(len(keep))))  # known here: no device read
-            self.cached = self.tree_start + len(keep)
+            if path is None:
+                nodes = torch.zeros(0, dtype=torch.long)
+            elif tree is None or tree.origin is None:
+                nodes = path
+            else:
+                nodes = tree.origin[path.to(tree.device)]
+            self._kept = (nodes, self.slot_of, self.tree_start)
         self.committed += emitted
         self._new_step()
+
+    def _compact(self, nodes: list[int] | None = None) -> None:
+        """Keep the cache slots of the pending accepted nodes (``nodes``: their host values,
+        else read here) up to the first node that was never forwarded."""
+        if self._kept is None:
+            return
+        device_nodes, slot_of, start = self._kept
+        self._kept = None
+        keep: list[int] = []
+        for node in (device_nodes.tolist() if nodes is None else nodes):
+            slot = slot_of.get(node)
+            if slot is None:  # not forwarded (a leaf), or added after a select (-1)
+                break
+            keep.append(slot)
+        self.lm.keep(start, torch.tensor(keep, dtype=torch.long),
+                     contiguous=keep == list(range(len(keep))))  # known here: no device read
+        self.cached = start + len(keep)
 
 
 class _HostTree:
@@ -153,11 +181,3 @@ class _HostTree:
                 seen.add(node)
                 node = self.parents[node]
         return sorted(seen)
-
-    def token_path(self, node: int) -> tuple[int, ...]:
-        """Tokens from the root's child down to ``node`` (the root's own token excluded)."""
-        path = []
-        while self.parents[node] >= 0:
-            path.append(self.tokens[node])
-            node = self.parents[node]
-        return tuple(reversed(path))

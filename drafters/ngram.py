@@ -156,7 +156,8 @@ class NgramDrafter(Drafter):
         self.index.extend(torch.as_tensor(prompt_ids).flatten().tolist())
         self._memo = {}
 
-    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None) -> None:
+    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
+               tree: DraftTree | None = None) -> None:
         """Index the newly committed tokens (accepted drafts + bonus)."""
         self.index.extend(torch.as_tensor(tokens).flatten().tolist())
         self._memo = {}  # weights (recency) and counts changed

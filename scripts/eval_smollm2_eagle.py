@@ -20,7 +20,7 @@ import click
 import torch
 
 import specframe
-from specframe.eagle_train import TrainConfig, head_losses, target_outputs
+from specframe.drafters.eagle_train import TrainConfig, head_losses, target_outputs
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_HELDOUT = HERE / "smollm2_eagle_heldout.jsonl"

@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 
 #: public name -> submodule defining it
 _EXPORTS = {
-    "EngineError": "engine", "GenerationOutput": "engine", "SpecDecoder": "engine",
+    "EngineError": "engine", "GenerationOutput": "engine", "SpecDecoder": "engine", "StepView": "engine",
     "DraftSession": "interfaces", "Drafter": "interfaces", "StepStats": "interfaces",
-    "TreePolicy": "interfaces", "Verdict": "interfaces", "Verifier": "interfaces",
-    "OptionError": "options",
+    "TreePolicy": "interfaces", "Verifier": "interfaces",
+    "BudgetOptions": "options", "OptionError": "options",
     "PluginError": "plugins", "available": "plugins", "get_registry": "plugins", "hookimpl": "plugins",
     "register_plugin": "plugins",
     "TargetModel": "target", "UnsupportedModelError": "target", "load_causal_lm": "target",

@@ -34,7 +34,8 @@ class ArmOutput:
         draft_forwards: drafter forwards (0 for model-free and autoregressive arms).
         accept_lengths: tokens emitted per target forward (Spec-Bench's ``accept_lengths``).
         steps: the engine's per-step statistics (specframe arms only).
-        trees: ``(DraftTree, accepted path)`` of a few steps (specframe arms only).
+        trees: the engine's :class:`~specframe.engine.StepView` of every step (tree, accepted
+            path, stats; specframe arms only); the record keeps a few of them.
     """
 
     tokens: list[int]

@@ -105,10 +105,10 @@ def _console():
 
 
 def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None) -> None:
-    """Validate, run (resuming), print the summary table and where the files are."""
+    """Validate, run (resuming), write the report, print the summary table and where the files are."""
     from .config import ConfigError, load_config
     from .experiment import ExperimentError, run_experiment
-    from .report import REPORT_FILE, notice_lines, summary_table
+    from .report import write_report
 
     try:
         config = load_config(config_path)
@@ -118,18 +118,26 @@ def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool
     console = _console()
     try:
         outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
+        summary = write_report(outcome.out_dir)
     except ExperimentError as err:
         raise click.ClickException(one_line(err)) from err
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]: finished answers are saved in {out_dir}; "
                       "run the same command again to resume")
         raise SystemExit(130)
-    console.print(summary_table(outcome.summary, title=title))
-    for line in notice_lines(outcome.summary):
-        console.print(f"Note: {line}", markup=False)
     reused = f", {outcome.skipped} reused from earlier runs (--fresh recomputes)" if outcome.skipped else ""
-    console.print(f"{outcome.computed} answers computed{reused}. Report: {outcome.out_dir / REPORT_FILE}",
-                  markup=False)
+    _print_summary(console, summary, f"{outcome.computed} answers computed{reused}. ", outcome.out_dir, title)
+
+
+def _print_summary(console: Any, summary: dict, prefix: str, run_dir: Path, title: str | None = None) -> None:
+    """The summary table, its notes and where the report is."""
+    from .report import notice_lines, summary_table
+    from .runs import RunDir
+
+    console.print(summary_table(summary, title=title))
+    for line in notice_lines(summary):
+        console.print(f"Note: {line}", markup=False)
+    console.print(f"{prefix}Report: {RunDir(run_dir).report}", markup=False)
 
 
 @cli.command("run")
@@ -172,19 +180,14 @@ def demo_command(pair: str, config_path: Path | None, out: Path | None, fresh: b
 @click.option("--plots/--no-plots", default=True, help="Redraw the figures.")
 def report_command(run_dir: Path, plots: bool) -> None:
     """Recompute summary.json, report.md and the plots of RUN_DIR from its answers."""
-    from .report import REPORT_FILE, notice_lines, summary_table, write_report
+    from .report import write_report
 
-    summary = write_report(run_dir, plots=plots)
-    console = _console()
-    console.print(summary_table(summary))
-    for line in notice_lines(summary):
-        console.print(f"Note: {line}", markup=False)
-    console.print(f"Report: {run_dir / REPORT_FILE}", markup=False)
+    _print_summary(_console(), write_report(run_dir, plots=plots), "", run_dir)
 
 
 def _records_of(source: Path, arm: str | None) -> tuple[str, list[dict]]:
     """``(label, records)`` of an answers file, or of one arm of a run dir / experiment file."""
-    from .experiment import read_answers
+    from .runs import read_answers
 
     if arm is None:
         if not source.is_file():
@@ -198,6 +201,7 @@ def _records_of(source: Path, arm: str | None) -> tuple[str, list[dict]]:
 
 def _load_run(source: Path) -> dict:
     from .metrics import load_run
+    from .runs import RunDir
 
     run_dir = source
     if source.is_file() and source.suffix == ".toml":
@@ -207,8 +211,8 @@ def _load_run(source: Path) -> dict:
             run_dir = load_config(source).output.dir
         except ConfigError as err:
             raise click.ClickException(one_line(err)) from err
-    if not (run_dir / "run.json").is_file():
-        raise click.ClickException(f"{run_dir} is not a run directory (no run.json)")
+    if not RunDir(run_dir).is_run():
+        raise click.ClickException(f"{run_dir} is not a run directory (no {RunDir(run_dir).run_file.name})")
     return load_run(run_dir)
 
 

@@ -3,7 +3,9 @@
 Everything that can be checked without loading a model is checked here (unknown keys at every
 table level, plugin names and options against the registry, sweeps, data file and dataset,
 duplicated arm names, model names), so a typo fails in a second instead of after minutes of
-loading. The full reference with an example of every key is docs/experiments.md.
+loading. Each table is a dataclass filled by :func:`specframe.options.build_options`, the
+checker of plugin options, so a bad key names itself and the valid ones. The full reference
+with an example of every key is docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Mapping
 
 from .options import OptionError, build_options
 from .plugins import SINGULAR, PluginError, get_registry
+from .runs.layout import slugify
 
 #: Prefix of a tiny random model built from ``[...random]`` options (tests, smoke runs).
 RANDOM_PREFIX = "random:"
@@ -29,20 +32,9 @@ PERTURBED_PREFIX = "perturbed:"
 #: Toy tokenizer for random models: UTF-8 bytes modulo the vocabulary size.
 BYTES_TOKENIZER = "bytes"
 
-TOP_KEYS = ("name", "max_new_tokens", "warmup", "repeats", "seed", "stop_at_eos", "threads",
-            "target", "models", "drafter", "arm", "data", "output")
-MODEL_KEYS = ("model", "dtype", "device", "attn_implementation", "tokenizer", "random", "packed_linears")
-RANDOM_KEYS = ("vocab_size", "hidden", "layers", "heads", "kv_heads", "max_positions", "seed", "init_std")
-PERTURBED_KEYS = ("noise", "seed")
-DRAFTER_KEYS = ("name", "options")
-ARM_KEYS = ("name", "baseline", "baseline_options", "policy", "policy_options", "drafter",
-            "drafter_options", "verifier", "verifier_options", "sweep")
-DATA_KEYS = ("path", "category", "limit", "chat_template", "on_overflow")
 ON_OVERFLOW = ("error", "skip")
-OUTPUT_KEYS = ("dir", "trees_per_answer")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")
-SWEEP_SCOPES = ("policy", "drafter", "verifier", "baseline")
 
 
 class ConfigError(ValueError):
@@ -65,13 +57,21 @@ class ModelSpec:
             (:mod:`specframe.packed_linear`): faster tree forwards, last-bit different logits.
     """
 
-    model: str
+    model: str = field(metadata={"help": "a path, hub id, shipped name or random:<arch>"})
     dtype: str | None = None
     device: str | None = None
     attn_implementation: str = "sdpa"
     tokenizer: str | None = None
     random: dict = field(default_factory=dict)
     packed_linears: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("dtype", self.dtype, DTYPES)
+        if self.attn_implementation not in ATTENTION:
+            raise ConfigError(f"attn_implementation {self.attn_implementation!r} cannot take a tree mask; "
+                              f"use one of {', '.join(ATTENTION)}")
+        if self.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
+            raise ConfigError(f"device {self.device!r} is not auto, cpu, cuda, cuda:N or mps")
 
     @property
     def is_random(self) -> bool:
@@ -132,11 +132,17 @@ class DataConfig:
     report (``skip``).
     """
 
-    path: Path
+    path: Path = field(metadata={"help": "a JSONL file of prompts"})
     category: list[str] | None = None
     limit: int | None = None
     chat_template: bool = False
     on_overflow: str = "error"
+
+    def __post_init__(self) -> None:
+        if self.category is not None and not all(isinstance(c, str) for c in self.category):
+            raise ConfigError(f"'category' must be a string or a list of strings, got {self.category!r}")
+        _at_least(self, limit=1)
+        _one_of("on_overflow", self.on_overflow, ON_OVERFLOW)
 
 
 @dataclass
@@ -145,6 +151,9 @@ class OutputConfig:
 
     dir: Path
     trees_per_answer: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least(self, trees_per_answer=0)
 
 
 @dataclass
@@ -184,13 +193,45 @@ class ExperimentConfig:
         })
 
 
+@dataclass
+class _File:
+    """The top level of an experiment file as written (its tables are parsed separately)."""
+
+    target: dict = field(metadata={"help": "the [target] table"})
+    arm: list = field(metadata={"help": "one [[arm]] table per arm"})
+    data: dict = field(metadata={"help": "the [data] table"})
+    name: str = "experiment"
+    max_new_tokens: int = 128
+    warmup: int = 1
+    repeats: int = 1
+    seed: int = 0
+    stop_at_eos: bool = True
+    threads: int | None = None
+    models: dict = field(default_factory=dict)
+    drafter: dict | None = None
+    output: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1)
+
+
+@dataclass
+class _Arm:
+    """An ``[[arm]]`` table as written (before defaults, plugin checks and sweeps)."""
+
+    name: str | None = None
+    baseline: str | None = None
+    baseline_options: dict | None = None
+    policy: str | None = None
+    policy_options: dict | None = None
+    drafter: str | None = None
+    drafter_options: dict | None = None
+    verifier: str | None = None
+    verifier_options: dict | None = None
+    sweep: dict = field(default_factory=dict)
+
+
 # ---------------------------------------------------------------------- helpers
-def slugify(name: str) -> str:
-    """``talon[mu=0.01,budget=32]`` -> ``talon.mu=0.01.budget=32`` (safe as a file name)."""
-    text = name.replace("[", ".").replace(",", ".").replace("]", "")
-    return re.sub(r"[^A-Za-z0-9._=+-]", "_", text)
-
-
 def _plain(value: Any) -> Any:
     """JSON-able copy (paths as strings, tuples as lists)."""
     if isinstance(value, Mapping):
@@ -202,85 +243,52 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _check_keys(table: Any, allowed: tuple[str, ...], where: str) -> dict:
-    """``table`` as a dict whose keys are all in ``allowed``; else name the bad and valid keys."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where} must be a table, got {type(table).__name__} {table!r}")
-    unknown = [k for k in table if k not in allowed]
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}; valid keys: {', '.join(allowed)}"
-        )
-    return dict(table)
+def _table(cls: type, raw: Any, where: str) -> Any:
+    """The TOML table ``raw`` as the dataclass ``cls`` (:func:`~specframe.options.build_options`):
+    an unknown key, a missing or ill-typed one, or a bad value names the key and the valid ones."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a table, got {type(raw).__name__} {raw!r}")
+    try:
+        return build_options(cls, raw, where, noun="key")
+    except OptionError as err:
+        raise ConfigError(str(err)) from err
 
 
-def _typed(table: dict, key: str, types: type | tuple, where: str, default: Any = None) -> Any:
-    """``table[key]`` checked against ``types`` (bools are not ints), or ``default``."""
-    if key not in table:
-        return default
-    value = table[key]
-    types = types if isinstance(types, tuple) else (types,)
-    bad_bool = isinstance(value, bool) and bool not in types
-    if bad_bool or not isinstance(value, types):
-        names = " or ".join(t.__name__ for t in types)
-        raise ConfigError(f"{where}: {key!r} must be {names}, got {type(value).__name__} {value!r}")
-    return value
+def _at_least(obj: Any, **minimums: int) -> None:
+    for key, minimum in minimums.items():
+        value = getattr(obj, key)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{key!r} must be >= {minimum}, got {value}")
 
 
-def _positive(table: dict, key: str, where: str, default: int, minimum: int = 1) -> int:
-    value = _typed(table, key, int, where, default)
-    if value < minimum:
-        raise ConfigError(f"{where}: {key!r} must be >= {minimum}, got {value}")
-    return value
+def _one_of(key: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value is not None and value not in valid:
+        raise ConfigError(f"{key} {value!r} is not one of {', '.join(valid)}")
 
 
 # ---------------------------------------------------------------------- models
 def _parse_model(table: Any, where: str, aliases: set[str]) -> ModelSpec:
-    t = _check_keys(table, MODEL_KEYS, where)
-    if "model" not in t:
-        raise ConfigError(f"{where}: 'model' is required (a path, hub id, shipped name or random:<arch>)")
-    spec = ModelSpec(
-        model=_typed(t, "model", str, where),
-        dtype=_typed(t, "dtype", str, where),
-        device=_typed(t, "device", str, where),
-        attn_implementation=_typed(t, "attn_implementation", str, where, "sdpa"),
-        tokenizer=_typed(t, "tokenizer", str, where),
-        random=dict(_typed(t, "random", dict, where, {})),
-        packed_linears=bool(_typed(t, "packed_linears", bool, where, False)),
-    )
-    if spec.dtype is not None and spec.dtype not in DTYPES:
-        raise ConfigError(f"{where}: dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
-    if spec.attn_implementation not in ATTENTION:
-        raise ConfigError(
-            f"{where}: attn_implementation {spec.attn_implementation!r} cannot take a tree mask; "
-            f"use one of {', '.join(ATTENTION)}"
-        )
-    if spec.device is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", spec.device):
-        raise ConfigError(f"{where}: device {spec.device!r} is not auto, cpu, cuda, cuda:N or mps")
+    spec = _table(ModelSpec, table, where)
     _check_model_source(spec, where, aliases)
     return spec
 
 
 def _check_model_source(spec: ModelSpec, where: str, aliases: set[str]) -> None:
     """Random/perturbed options are valid; a path or shipped name resolves (no loading)."""
-    if spec.is_random:
-        from .testing.models import ARCHITECTURES
+    from . import synthetic_models as synthetic
 
+    if spec.is_random:
         arch = spec.model[len(RANDOM_PREFIX):]
-        if arch not in ARCHITECTURES:
-            raise ConfigError(f"{where}: random architecture {arch!r} unknown; valid: {', '.join(ARCHITECTURES)}")
-        _check_keys(spec.random, RANDOM_KEYS, f"{where}.random")
-        for key in spec.random:
-            _typed(spec.random, key, (float, int) if key == "init_std" else int, f"{where}.random")
+        if arch not in synthetic.ARCHITECTURES:
+            raise ConfigError(f"{where}: random architecture {arch!r} unknown; valid: {', '.join(synthetic.ARCHITECTURES)}")
+        _table(synthetic.RandomModelOptions, spec.random, f"{where}.random")
         return
     if spec.perturbed_of is not None:
         if spec.perturbed_of not in aliases:
             raise ConfigError(
                 f"{where}: perturbed:{spec.perturbed_of} names no declared model; declared: {', '.join(sorted(aliases))}"
             )
-        _check_keys(spec.random, PERTURBED_KEYS, f"{where}.random")
-        _typed(spec.random, "noise", (float, int), f"{where}.random")
-        _typed(spec.random, "seed", int, f"{where}.random")
+        _table(synthetic.PerturbedOptions, spec.random, f"{where}.random")
         return
     if spec.random:
         raise ConfigError(f"{where}: 'random' options apply only to random:<arch> and perturbed:<alias> models")
@@ -292,24 +300,16 @@ def _check_model_source(spec: ModelSpec, where: str, aliases: set[str]) -> None:
         raise ConfigError(f"{where}: {err}") from err
 
 
-def _parse_models(raw: Any, where: str = "[models]") -> dict[str, ModelSpec]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a table of [models.<alias>] tables")
-    aliases = set(raw) | {"target"}
+def _parse_models(raw: dict) -> dict[str, ModelSpec]:
     if "target" in raw:
-        raise ConfigError(f"{where}: the alias 'target' is reserved for the [target] model")
+        raise ConfigError("[models]: the alias 'target' is reserved for the [target] model")
+    aliases = set(raw) | {"target"}
     return {alias: _parse_model(table, f"[models.{alias}]", aliases) for alias, table in raw.items()}
 
 
 # ---------------------------------------------------------------------- plugins
-def _plugin_ref(kind: str, name: Any, options: Any, where: str) -> PluginRef:
+def _plugin_ref(kind: str, name: str, options: dict | None, where: str) -> PluginRef:
     """Check ``name`` is registered as ``kind`` and ``options`` fit its options dataclass."""
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}: {SINGULAR[kind]} name must be a string, got {name!r}")
-    if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"{where}: {SINGULAR[kind]} options must be a table, got {options!r}")
     try:
         cls = get_registry().get(kind, name)
         build_options(cls.Options, options, f"{SINGULAR[kind]} {name!r}")
@@ -318,13 +318,11 @@ def _plugin_ref(kind: str, name: Any, options: Any, where: str) -> PluginRef:
     return PluginRef(name, dict(options or {}))
 
 
-def _baseline_options(name: Any, options: Any, where: str) -> dict:
+def _baseline_options(name: str, options: dict | None, where: str) -> dict:
     from .baselines import BASELINES
 
     if name not in BASELINES:
         raise ConfigError(f"{where}: unknown baseline {name!r}; available baselines: {', '.join(BASELINES)}")
-    if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"{where}: baseline_options must be a table, got {options!r}")
     try:
         build_options(BASELINES[name].Options, options, f"baseline {name!r}")
     except OptionError as err:
@@ -343,49 +341,43 @@ def _options_of(kind: str, name: str) -> set[str]:
 
 # ---------------------------------------------------------------------- arms
 def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[ArmConfig]:
-    where = f"[[arm]] #{index + 1}"
-    t = _check_keys(raw, ARM_KEYS, where)
-    if "name" in t:
-        where = f"[[arm]] {_typed(t, 'name', str, where)!r}"
-    baseline = t.get("baseline")
-    if baseline is not None and any(k in t for k in ("policy", "policy_options", "drafter", "drafter_options",
-                                                     "verifier", "verifier_options")):
+    t = _table(_Arm, raw, f"[[arm]] #{index + 1}")
+    where = f"[[arm]] {t.name!r}" if t.name is not None else f"[[arm]] #{index + 1}"
+    plugin_keys = (t.policy, t.policy_options, t.drafter, t.drafter_options, t.verifier, t.verifier_options)
+    if t.baseline is not None and any(v is not None for v in plugin_keys):
         raise ConfigError(f"{where}: a baseline arm takes no policy, drafter or verifier keys")
-    if baseline is None and "policy" not in t:
+    if t.baseline is None and t.policy is None:
         raise ConfigError(f"{where}: set 'policy' (a specframe arm) or 'baseline' (autoregressive, hf-assisted, hf-prompt-lookup)")
-    if baseline is None and "baseline_options" in t:
+    if t.baseline is None and t.baseline_options is not None:
         raise ConfigError(f"{where}: 'baseline_options' needs 'baseline'")
-    arm = _base_arm(t, where, default_drafter)
-    sweep = _typed(t, "sweep", dict, where, {})
-    return _expand_sweep(arm, sweep, where, default_drafter)
+    return _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
 
 
-def _base_arm(t: dict, where: str, default_drafter: PluginRef | None) -> ArmConfig:
-    if "baseline" in t:
-        name = _typed(t, "baseline", str, where)
-        opts = _baseline_options(name, t.get("baseline_options"), where)
-        if name == "hf-assisted" and opts.get("assistant") is None:
+def _base_arm(t: _Arm, where: str, default_drafter: PluginRef | None) -> ArmConfig:
+    if t.baseline is not None:
+        opts = _baseline_options(t.baseline, t.baseline_options, where)
+        if t.baseline == "hf-assisted" and opts.get("assistant") is None:
             default = default_drafter.options.get("model") if default_drafter else None
             if not isinstance(default, str):
                 raise ConfigError(
                     f"{where}: hf-assisted needs an assistant model: set baseline_options.assistant "
                     "or a 'model' option in [drafter.options]"
                 )
-        return ArmConfig(name=t.get("name", name), baseline=name, baseline_options=opts)
-    drafter_name = t.get("drafter", default_drafter.name if default_drafter else None)
+        return ArmConfig(name=t.baseline if t.name is None else t.name, baseline=t.baseline, baseline_options=opts)
+    drafter_name = t.drafter or (default_drafter.name if default_drafter else None)
     if drafter_name is None:
         raise ConfigError(f"{where}: no drafter: set 'drafter' here or a default in [drafter]")
-    drafter_opts = dict(t.get("drafter_options") or {})
+    drafter_opts = dict(t.drafter_options or {})
     if default_drafter is not None and drafter_name == default_drafter.name:
         # Defaults belong to the default drafter; another drafter starts from its own defaults.
         drafter_opts = {**default_drafter.options, **drafter_opts}
     drafter = _plugin_ref("drafters", drafter_name, drafter_opts, where)
-    policy = _plugin_ref("policies", t["policy"], t.get("policy_options"), where)
-    verifier = _plugin_ref("verifiers", t.get("verifier", "greedy"), t.get("verifier_options"), where)
+    policy = _plugin_ref("policies", t.policy, t.policy_options, where)
+    verifier = _plugin_ref("verifiers", t.verifier or "greedy", t.verifier_options, where)
     default_name = policy.name
     if default_drafter is None or drafter.name != default_drafter.name:
         default_name = f"{drafter.name}+{policy.name}"
-    return ArmConfig(name=t.get("name", default_name), policy=policy, drafter=drafter, verifier=verifier)
+    return ArmConfig(name=default_name if t.name is None else t.name, policy=policy, drafter=drafter, verifier=verifier)
 
 
 def _sweep_scope(arm: ArmConfig, key: str, where: str) -> tuple[str, str]:
@@ -453,22 +445,10 @@ def _revalidate(arm: ArmConfig, where: str) -> None:
 
 # ---------------------------------------------------------------------- data / output
 def _parse_data(raw: Any, base: Path) -> DataConfig:
-    t = _check_keys(raw, DATA_KEYS, "[data]")
-    if "path" not in t:
-        raise ConfigError("[data]: 'path' is required (a JSONL file of prompts)")
-    path = _resolve(base, _typed(t, "path", str, "[data]"))
-    category = t.get("category")
-    if isinstance(category, str):
-        category = [category]
-    if category is not None and (not isinstance(category, list) or not all(isinstance(c, str) for c in category)):
-        raise ConfigError(f"[data]: 'category' must be a string or a list of strings, got {category!r}")
-    limit = _typed(t, "limit", int, "[data]")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"[data]: 'limit' must be >= 1, got {limit}")
-    on_overflow = _typed(t, "on_overflow", str, "[data]", "error")
-    if on_overflow not in ON_OVERFLOW:
-        raise ConfigError(f"[data]: on_overflow {on_overflow!r} is not one of {', '.join(map(repr, ON_OVERFLOW))}")
-    data = DataConfig(path, category, limit, _typed(t, "chat_template", bool, "[data]", False), on_overflow)
+    if isinstance(raw, Mapping) and isinstance(raw.get("category"), str):
+        raw = {**raw, "category": [raw["category"]]}
+    data = _table(DataConfig, raw, "[data]")
+    data.path = _resolve(base, data.path)
     _check_dataset(data)
     return data
 
@@ -487,8 +467,8 @@ def _check_dataset(data: DataConfig) -> None:
         raise ConfigError(f"[data]: dataset {str(data.path)!r} is empty: no questions{what}")
 
 
-def _resolve(base: Path, text: str) -> Path:
-    path = Path(text).expanduser()
+def _resolve(base: Path, path: Path) -> Path:
+    path = path.expanduser()
     return path if path.is_absolute() else (base / path)
 
 
@@ -496,41 +476,26 @@ def _resolve(base: Path, text: str) -> Path:
 def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | None = None) -> ExperimentConfig:
     """Validate a parsed TOML document; relative paths resolve against ``base``."""
     base = Path(base)
-    t = _check_keys(raw, TOP_KEYS, "experiment file (top level)")
-    for required in ("target", "arm", "data"):
-        if required not in t:
-            raise ConfigError(f"experiment file: [{required}] is missing")
-    models = _parse_models(t.get("models"))
-    target = _parse_model(t["target"], "[target]", set(models) | {"target"})
+    t = _table(_File, raw, "experiment file (top level)")
+    models = _parse_models(t.models)
+    target = _parse_model(t.target, "[target]", set(models) | {"target"})
     if target.perturbed_of is not None:
         raise ConfigError("[target]: the target cannot be perturbed:<alias>; declare it directly")
     drafter = None
-    if "drafter" in t:
-        d = _check_keys(t["drafter"], DRAFTER_KEYS, "[drafter]")
-        if "name" not in d:
-            raise ConfigError("[drafter]: 'name' is required (a registered drafter)")
-        drafter = _plugin_ref("drafters", d["name"], d.get("options"), "[drafter]")
-    if not isinstance(t["arm"], list) or not t["arm"]:
+    if t.drafter is not None:
+        d = _table(PluginRef, t.drafter, "[drafter]")
+        drafter = _plugin_ref("drafters", d.name, d.options, "[drafter]")
+    if not t.arm:
         raise ConfigError("experiment file: declare at least one [[arm]] table")
-    arms = [a for i, raw_arm in enumerate(t["arm"]) for a in _parse_arm(raw_arm, i, drafter)]
+    arms = [a for i, raw_arm in enumerate(t.arm) for a in _parse_arm(raw_arm, i, drafter)]
     _check_unique(arms)
     _check_pairs(target, models, arms)
-    out = _check_keys(t.get("output", {}), OUTPUT_KEYS, "[output]")
-    output = OutputConfig(
-        dir=_resolve(base, _typed(out, "dir", str, "[output]", f"runs/{t.get('name', 'experiment')}")),
-        trees_per_answer=_positive(out, "trees_per_answer", "[output]", 2, minimum=0),
-    )
+    output = _table(OutputConfig, {"dir": f"runs/{t.name}", **t.output}, "[output]")
+    output.dir = _resolve(base, output.dir)
     return ExperimentConfig(
-        name=_typed(t, "name", str, "experiment file", "experiment"),
-        target=target, arms=arms, data=_parse_data(t["data"], base), output=output, models=models,
-        drafter=drafter,
-        max_new_tokens=_positive(t, "max_new_tokens", "experiment file", 128),
-        warmup=_positive(t, "warmup", "experiment file", 1, minimum=0),
-        repeats=_positive(t, "repeats", "experiment file", 1),
-        seed=_typed(t, "seed", int, "experiment file", 0),
-        stop_at_eos=_typed(t, "stop_at_eos", bool, "experiment file", True),
-        threads=_positive(t, "threads", "experiment file", None) if "threads" in t else None,
-        source=source,
+        name=t.name, target=target, arms=arms, data=_parse_data(t.data, base), output=output, models=models,
+        drafter=drafter, max_new_tokens=t.max_new_tokens, warmup=t.warmup, repeats=t.repeats, seed=t.seed,
+        stop_at_eos=t.stop_at_eos, threads=t.threads, source=source,
     )
 
 

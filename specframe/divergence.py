@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-DIVERGENCES_FILE = "divergences.json"
-
 import torch
 
 from .metrics import common_prefix

@@ -7,23 +7,19 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from .contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
 from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from .options import build_options
 from .plugins import SINGULAR, get_registry
 from .target import TargetModel
-from .step_read import read_step, read_verdict
-from .tree import DraftTree, InvalidTreeError
+from .step_read import read_step
+from .tree import DraftTree
 
 PluginSpec = Any  # "name" | ("name", {options}) | instance
-
-
-class EngineError(RuntimeError):
-    """A plugin broke the engine's contract (e.g. an invalid or over-budget tree)."""
-
 
 @dataclass
 class GenerationOutput:
@@ -48,6 +44,34 @@ class GenerationOutput:
     def delta(self) -> float:
         """Draft forwards per target forward."""
         return sum(s.draft_forwards for s in self.steps) / max(1, len(self.steps))
+
+
+@dataclass
+class StepView:
+    """One verified step, as ``generate(on_step=...)`` hands it to its callback.
+
+    Attributes:
+        tree: the verified draft tree (as the policy returned it).
+        path_nodes: the accepted node indices, root first, exactly as the engine read them
+            (a tensor on the tree's device); ``path`` is the host list.
+        stats: the step's :class:`StepStats` (the same object as in ``GenerationOutput.steps``).
+
+    The accepted path is what the verifier accepted: on the last step, a cut at
+    ``max_new_tokens`` or EOS may emit fewer of its tokens (``stats.emitted``).
+    """
+
+    tree: DraftTree
+    path_nodes: torch.Tensor
+    stats: StepStats
+    _path: list[int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def path(self) -> list[int]:
+        """Accepted node indices, root first, as a host list. Read on first use, so a callback
+        that only keeps the view adds no device read to the step (on a GPU)."""
+        if self._path is None:
+            self._path = [int(i) for i in self.path_nodes.tolist()]
+        return self._path
 
 
 def _split_spec(spec: PluginSpec) -> tuple[str, dict]:
@@ -89,19 +113,26 @@ def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
 
 
 class SpecDecoder:
-    """Speculative decoding with draft trees: any drafter x policy x verifier."""
+    """Speculative decoding with draft trees: any drafter x policy x verifier.
+
+    ``strict``: check every tree in full on the host (:meth:`DraftTree.check_valid`) before the
+    target forward, and the verifier's decision is in range after it. It names a broken plugin
+    at the step that broke it, but reads the device several times per step. Off, the engine
+    still refuses every invalid tree with an :class:`EngineError` naming the invariant, from
+    the validity flag it reads with the verdict in its one host read per step. None (default):
+    on iff the ``SPECFRAME_STRICT`` environment variable is set (the pytest plugin sets it, so
+    tests run strict). The output is the same either way.
+    """
 
     def __init__(
         self, target: TargetModel, drafter: Drafter, policy: TreePolicy, verifier: Verifier,
-        fast: bool | None = None,
+        strict: bool | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.policy = policy
         self.verifier = verifier
-        # Fast path (default on CUDA): the target's KV cache is allocated once per generation
-        # for prompt + max_new_tokens + budget positions and compacted in place.
-        self.fast = target.device.type == "cuda" if fast is None else bool(fast)
+        self.strict = strict_default() if strict is None else bool(strict)
         if drafter.vocab_size != target.vocab_size:
             raise ValueError(
                 f"drafter {drafter.name!r} has vocabulary size {drafter.vocab_size}, the target has "
@@ -116,16 +147,16 @@ class SpecDecoder:
         drafter: PluginSpec = "model",
         policy: PluginSpec = "chain",
         verifier: PluginSpec = "greedy",
-        fast: bool | None = None,
+        strict: bool | None = None,
         compile: bool = False,
     ) -> "SpecDecoder":
         """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
 
         Each spec is a registered name, a ``(name, options_dict)`` pair or an instance.
-        Options are checked before any drafter model loads. ``fast``: pre-allocated KV cache
-        and one host read per step (default: on for CUDA targets); output is identical either
-        way. ``compile``: run the target's forward through ``torch.compile``
-        (:meth:`TargetModel.compile`; see docs/performance.md for when it pays).
+        Options are checked before any drafter model loads. ``strict``: see
+        :class:`SpecDecoder`. ``compile``: run the target's forward through ``torch.compile``
+        (:meth:`TargetModel.compile`; see docs/performance.md for when it pays). KV-cache
+        pre-allocation is the target's option: pass ``TargetModel(model, preallocate=...)``.
         """
         tgt = target if isinstance(target, TargetModel) else TargetModel(target)
         if compile and not tgt.compiled:
@@ -133,7 +164,7 @@ class SpecDecoder:
         pol = make_plugin("policies", policy)
         ver = make_plugin("verifiers", verifier)
         dra = make_plugin("drafters", drafter, tgt)
-        return cls(tgt, dra, pol, ver, fast=fast)
+        return cls(tgt, dra, pol, ver, strict=strict)
 
     @property
     def _needs_hidden(self) -> bool:
@@ -148,6 +179,7 @@ class SpecDecoder:
         generator: torch.Generator | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        on_step: Callable[[StepView], None] | None = None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids``.
 
@@ -158,6 +190,9 @@ class SpecDecoder:
         ``seed`` / ``generator``: randomness of this call for the verifier and for policies
         that sample children (the same seed gives the same output); neither = the plugins'
         own generators (their ``seed`` options) or torch's global one.
+        ``on_step``: called after every verified step with a :class:`StepView` (the tree, the
+        accepted path, the step's statistics); its time counts in the step's wall time, so
+        keep it cheap (keep references, read later). None: nothing is built for it.
         """
         verifier = self._verifier_for(temperature)
         if seed is not None:
@@ -175,7 +210,7 @@ class SpecDecoder:
             )
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
-        self.target.reset(capacity=need + self.policy.budget if self.fast else None)
+        self.target.reset(capacity=need + self.policy.max_budget)  # used if the target pre-allocates
         hidden = None
         if len(prompt) > 1:
             # The root (last prompt token) enters with the first tree, as in EAGLE.
@@ -186,11 +221,14 @@ class SpecDecoder:
         committed = prompt.tolist()
         out = GenerationOutput(tokens=[])
         while len(out.tokens) < max_new_tokens:
-            emitted, stats = self._step(committed, max_new_tokens - len(out.tokens), eos, generator, verifier)
+            emitted, stats, view = self._step(committed, max_new_tokens - len(out.tokens), eos, generator,
+                                              verifier, on_step is not None)
             committed += emitted
             out.tokens += emitted
             out.steps.append(stats)
             self.policy.observe(stats)
+            if view is not None:
+                on_step(view)
             if eos and emitted[-1] in eos:
                 out.stopped_at_eos = True
                 break
@@ -224,28 +262,18 @@ class SpecDecoder:
     def _build_tree(self, committed: list[int], generator: torch.Generator | None = None):
         session = DraftSession(self.drafter, committed[-1], self.target.device, generator,
                                context_len=len(committed))
-        limit = min(self.policy.budget, self.target.max_positions - (len(committed) - 1))
+        # The engine alone bounds the tree: the policy's largest, or the room left in the context.
+        limit = min(self.policy.max_budget, self.target.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
-        # The fast path checks the tree's values on the device later, with the verdict; its
-        # shapes are known on the host now and must hold before anything indexes with them.
-        if not self.fast or not tree.shape_fits(limit):
-            self._reject(tree, committed, limit)
         return tree, session, limit
 
-    def _reject(self, tree: DraftTree, committed: list[int], limit: int) -> None:
-        """Raise EngineError naming the first broken invariant, if there is one."""
-        try:
-            tree.check_valid(limit)
-            if int(tree.tokens[0]) != committed[-1]:
-                raise InvalidTreeError(f"root token {int(tree.tokens[0])} is not the last committed token {committed[-1]}")
-        except InvalidTreeError as err:
-            raise EngineError(f"policy {self.policy.name!r} returned an invalid tree: {err}") from err
-
     def _step(
-        self, committed: list[int], remaining: int, eos: set[int], generator, verifier: Verifier
-    ) -> tuple[list[int], StepStats]:
+        self, committed: list[int], remaining: int, eos: set[int], generator, verifier: Verifier,
+        want_view: bool = False,
+    ) -> tuple[list[int], StepStats, StepView | None]:
         t0 = time.perf_counter()
         tree, session, limit = self._build_tree(committed, generator)
+        ok = tree_flag(self.policy.name, tree, committed[-1], limit, self.strict)
         t1 = time.perf_counter()
         out = self.target.tree_forward(
             tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
@@ -255,15 +283,17 @@ class SpecDecoder:
         )
         logits = out.logits[0]
         t2 = time.perf_counter()
-        if self.fast:
-            last, bonus = verifier.accept_leaf(tree, logits, generator)
-            ok = tree.valid_flag() & (tree.tokens[0] == committed[-1])
-            read = read_step(tree, last, bonus, ok)  # the step's one host synchronisation
-            if not read.ok:
-                self._reject(tree, committed, limit)
-                raise EngineError(f"policy {self.policy.name!r} returned an invalid tree")
-        else:
-            read = read_verdict(tree, verifier.verify(tree, logits, generator))
+        try:
+            last, bonus = checked_decision(verifier.name, tree, verifier.verify(tree, logits, generator),
+                                           self.target.vocab_size, self.strict)
+        except Exception:
+            # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
+            reject_tree(self.policy.name, tree, committed[-1], limit)
+            raise
+        read = read_step(tree, last, bonus, ok)  # the step's one host read
+        if not read.ok:
+            reject_tree(self.policy.name, tree, committed[-1], limit)
+            raise EngineError(f"policy {self.policy.name!r} returned an invalid tree")
         t3 = time.perf_counter()
         emitted = read.tokens
         finished = len(emitted) >= remaining or any(t in eos for t in emitted)
@@ -276,7 +306,7 @@ class SpecDecoder:
             # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
             self.target.keep(len(committed) - 1, read.path, contiguous=read.contiguous)
             hidden = out.hidden_states if self._needs_hidden else None
-            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), read.path, hidden)
+            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), read.path, hidden, tree=tree)
         t4 = time.perf_counter()
         draft_time = session.draft_time
         stats = StepStats(
@@ -292,6 +322,6 @@ class SpecDecoder:
             other_time=t4 - t3,
             widths=read.widths,
             accepted_ranks=read.ranks,
-            budget_cut=self.policy.budget - limit,
+            budget_cut=self.policy.max_budget - limit,
         )
-        return emitted, stats
+        return emitted, stats, StepView(tree, read.path, stats) if want_view else None

@@ -23,6 +23,10 @@ class PluginWarning(SpecframeWarning):
     """A plugin distribution was skipped or ``SPECFRAME_LOAD_PLUGINS`` names an unknown one."""
 
 
+class ExperimentError(RuntimeError):
+    """An experiment run cannot proceed (incompatible old results, over-long prompt, ...)."""
+
+
 class ContextError(RuntimeError):
     """An error from inside a run, re-raised with where it happened and how to proceed.
 

@@ -3,7 +3,11 @@
 Order of work: for each repeat, for each question, every arm in turn (A B C A B C ...), so
 machine drift hits all arms alike. Each finished answer is appended to its arm's JSONL file and
 fsynced, so a crash or Ctrl-C loses no finished prompt; running the same config again skips the
-answers already on disk (keyed by arm, question_id and repeat).
+answers already on disk (keyed by arm, question_id and repeat). The run directory's files are
+owned by :mod:`specframe.runs`; the report is separate (the CLI writes it after every run)::
+
+    outcome = run_experiment("exp.toml")
+    summary = specframe.report.write_report(outcome.out_dir)
 """
 
 from __future__ import annotations
@@ -11,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
 import time
 import zlib
 from dataclasses import dataclass
@@ -24,20 +26,15 @@ import torch
 from .baselines import BASELINES, ArmOutput
 from .config import BYTES_TOKENIZER, ArmConfig, ExperimentConfig, ModelSpec, RANDOM_PREFIX
 from .data import ByteTokenizer, PromptEncoder, Question, load_questions
-from .errors import ContextError, one_line, warn
+from .errors import ContextError, ExperimentError, one_line, warn
 from .options import build_options
 from .runlock import DirectoryInUseError, RunLock
+from .runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, answer_key, read_answers, steps_columns
 
-RUN_FILE = "run.json"
-ANSWERS_DIR = "answers"
 RecordHook = Callable[[str, dict], None]
 MODEL_FIX = ("give a local model directory, a shipped name (demo-target, demo-draft) or a hub id "
              "already in the local Hugging Face cache; offline, HF_HUB_OFFLINE=1 makes a missing "
              "hub id fail at once instead of after retries")
-
-
-class ExperimentError(RuntimeError):
-    """The run cannot proceed (incompatible old results, over-long prompt, ...)."""
 
 
 # ---------------------------------------------------------------------- models
@@ -99,19 +96,17 @@ class ModelPool:
         dtype = getattr(torch, spec.dtype) if spec.dtype else self.dtype
         device = self.device if (is_target or spec.device is None) else resolve_device(spec.device)
         if spec.is_random:
-            from .testing.models import tiny_model
+            from . import synthetic_models as synthetic
 
-            opts = dict(spec.random)
-            seed = opts.pop("seed", 0)
-            init_std = float(opts.pop("init_std", 0.3))
-            model = tiny_model(spec.model[len(RANDOM_PREFIX):], seed=seed, dtype=dtype,
-                               attn_implementation=spec.attn_implementation, init_std=init_std, **opts)
+            opts = dataclasses.asdict(synthetic.RandomModelOptions(**spec.random))
+            model = synthetic.tiny_model(spec.model[len(RANDOM_PREFIX):], dtype=dtype,
+                                         attn_implementation=spec.attn_implementation, **opts)
             return model.to(device).eval()
         if spec.perturbed_of is not None:
-            from .testing.models import perturbed_copy
+            from . import synthetic_models as synthetic
 
-            base = self.load(spec.perturbed_of)
-            return perturbed_copy(base, float(spec.random.get("noise", 0.05)), int(spec.random.get("seed", 0))).to(device, dtype)
+            opts = synthetic.PerturbedOptions(**spec.random)
+            return synthetic.perturbed_copy(self.load(spec.perturbed_of), float(opts.noise), opts.seed).to(device, dtype)
         from .target import load_causal_lm
 
         return load_causal_lm(spec.model, dtype=dtype, device=device, attn_implementation=spec.attn_implementation)
@@ -142,58 +137,26 @@ def load_tokenizer(config: ExperimentConfig) -> Any:
 
 # ---------------------------------------------------------------------- runners
 class SpecRunner:
-    """A specframe arm: SpecDecoder.generate, keeping references to the trees it built.
+    """A specframe arm: SpecDecoder.generate, keeping the engine's view of every step.
 
-    Trees are captured by wrapping this decoder's policy ``build`` (instance attribute only);
-    keeping references costs nothing inside the timed region. Accepted paths are recovered
-    afterwards from the emitted tokens (siblings have distinct tokens, so the path is unique).
+    ``generate(on_step=...)`` hands over each verified tree with its accepted path; the
+    callback only keeps a reference, so nothing is read or copied inside the timed region.
     """
 
     def __init__(self, decoder: Any) -> None:
         self.decoder = decoder
         self.greedy = not getattr(decoder.verifier, "sampling", False)
-        self._trees: list = []
-        build = decoder.policy.build
-
-        def recording_build(session, budget):
-            tree = build(session, budget)
-            self._trees.append(tree)
-            return tree
-
-        decoder.policy.build = recording_build
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """One speculative generation."""
-        self._trees = []
+        views: list = []
         out = self.decoder.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=max_new_tokens,
-                                    eos_token_id=sorted(eos) or None, generator=generator)
+                                    eos_token_id=sorted(eos) or None, generator=generator, on_step=views.append)
         return ArmOutput(
             tokens=list(out.tokens), target_forwards=len(out.steps),
             draft_forwards=sum(s.draft_forwards for s in out.steps),
-            accept_lengths=[s.emitted for s in out.steps], steps=out.steps,
-            trees=_trees_with_paths(self._trees, out),
+            accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views,
         )
-
-
-def _trees_with_paths(trees: list, out: Any) -> list:
-    """``(tree, emitted tokens of its step, accepted count)`` per step (paths resolved lazily)."""
-    result, pos = [], 0
-    for tree, step in zip(trees, out.steps):
-        result.append((tree, out.tokens[pos : pos + step.emitted], step.accepted))
-        pos += step.emitted
-    return result
-
-
-def accepted_path(tree: Any, emitted: list[int], accepted: int) -> list[int]:
-    """Node indices (root first) of the drafted path whose tokens are ``emitted[:accepted]``."""
-    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
-    path = [0]
-    for tok in emitted[:accepted]:
-        nxt = [i for i in range(len(parents)) if parents[i] == path[-1] and tokens[i] == tok]
-        if not nxt:
-            break
-        path.append(nxt[0])
-    return path
 
 
 def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: ExperimentConfig) -> Any:
@@ -258,162 +221,24 @@ def _build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: Experime
     return SpecRunner(decoder)
 
 
-# ---------------------------------------------------------------------- answers on disk
-class AnswerStore:
-    """Append-only per-arm answer files with fsync after every record."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.dir = Path(out_dir) / ANSWERS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._files: dict[str, Any] = {}
-
-    def path(self, arm: ArmConfig) -> Path:
-        """The answers file of ``arm``."""
-        return self.dir / f"{arm.slug}.jsonl"
-
-    def done(self, arm: ArmConfig) -> set[tuple[str, int]]:
-        """Keys ``(question_id as JSON, repeat)`` already answered by ``arm``."""
-        return {_key(r["question_id"], r["repeat"]) for r in read_answers(self.path(arm))}
-
-    def append(self, arm: ArmConfig, record: dict) -> None:
-        """Write one record and make it durable before returning."""
-        fh = self._files.get(arm.name)
-        if fh is None:
-            path = self.path(arm)
-            _drop_partial_line(path)
-            fh = self._files[arm.name] = path.open("a", encoding="utf-8")
-        fh.write(json.dumps(record) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-    def close(self) -> None:
-        """Close every open file."""
-        for fh in self._files.values():
-            fh.close()
-        self._files.clear()
-
-
-def _key(question_id: Any, repeat: int) -> tuple[str, int]:
-    return json.dumps(question_id), int(repeat)
-
-
-def _drop_partial_line(path: Path) -> None:
-    """Truncate a half-written last line (a crash mid-write) so appends stay valid JSONL."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
-def read_answers(path: str | Path) -> list[dict]:
-    """Records of an answers file, each (arm, question, repeat) once.
-
-    A half-written last line (a crash mid-write) is dropped and a repeated (arm, question_id,
-    repeat) keeps its first record (e.g. two runs that once shared a directory); both warn.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                # interrupted write: the record was never finished
-                warn(f"{path}:{i + 1}: dropped a half-written last answer record (an interrupted run); "
-                     "it is recomputed on the next run")
-                break
-            raise ExperimentError(f"corrupt answer record ({path}:{i + 1}): delete the line, or rerun with --fresh")
-    return _unique_answers(out, path)
-
-
-def _unique_answers(records: list[dict], path: Path) -> list[dict]:
-    """The first record of each (arm, question_id, repeat); warns when any repeat."""
-    seen: set[tuple] = set()
-    unique = []
-    for rec in records:
-        key = (rec.get("arm"), *_key(rec.get("question_id"), rec.get("repeat", 0)))
-        if key not in seen:
-            seen.add(key)
-            unique.append(rec)
-    if len(unique) < len(records):
-        warn(f"{path}: {len(records) - len(unique)} duplicate answer record(s) ignored (same arm, question "
-             "and repeat; two runs once wrote this directory); the first of each is kept")
-    return unique
-
-
-# ---------------------------------------------------------------------- run metadata
-def _check_run_file(config: ExperimentConfig, out_dir: Path) -> None:
-    """Refuse to mix answers of a different experiment; record this one's settings."""
-    path = out_dir / RUN_FILE
-    arms = {a.name: a.describe() for a in config.arms}
-    meta = {"name": config.name, "fingerprint": config.fingerprint(), "arms": arms}
-    if path.exists():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        diff = sorted(k for k in meta["fingerprint"] if old.get("fingerprint", {}).get(k) != meta["fingerprint"][k])
-        if diff:
-            raise ExperimentError(
-                f"{out_dir} holds answers of a different experiment (differs in: {', '.join(diff)}); "
-                "use another [output] dir or --fresh to discard them"
-            )
-        for name, desc in old.get("arms", {}).items():
-            if name in arms and arms[name] != desc:
-                raise ExperimentError(
-                    f"arm {name!r} changed since its answers in {out_dir} were written; rename it, "
-                    "or use --fresh to discard all answers"
-                )
-            arms.setdefault(name, desc)
-    meta.update(
-        arms=arms, max_new_tokens=config.max_new_tokens, repeats=config.repeats,
-        target=config.target.model, source=str(config.source or ""), torch=torch.__version__,
-        greedy={},
-    )
-    if path.exists():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        meta["greedy"] = old.get("greedy", {})
-        meta["overflow_skipped"] = old.get("overflow_skipped", [])
-    _write_json(path, meta)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------- records
-def _steps_columns(steps: list) -> dict[str, list]:
-    """Per-step statistics as columns (compact JSON); times in seconds."""
-    if not steps:
-        return {}
-    cols: dict[str, list] = {}
-    for f in dataclasses.fields(steps[0]):
-        values = [getattr(s, f.name) for s in steps]
-        cols[f.name] = [round(v, 7) for v in values] if isinstance(values[0], float) else values
-    return cols
-
-
 def _pick_trees(trees: list, k: int) -> list[dict]:
-    """``k`` trees spread over the generation, as plain data (tokens/parents/depths/ranks/path)."""
+    """``k`` of the steps' :class:`~specframe.engine.StepView` s spread over the generation, as
+    plain data (tokens/parents/depths/ranks, and the accepted node indices, root first)."""
     if k <= 0 or not trees:
         return []
     idx = sorted({int(round((i + 1) * len(trees) / (k + 1))) - 1 for i in range(k)})
     out = []
     for i in idx:
-        tree, emitted, accepted = trees[max(0, i)]
+        view = trees[max(0, i)]
+        tree = view.tree
         out.append({"step": max(0, i), "tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
-                    "depths": tree.depths.tolist(), "ranks": tree.ranks.tolist(),
-                    "accepted": accepted_path(tree, emitted, accepted)})
+                    "depths": tree.depths.tolist(), "ranks": tree.ranks.tolist(), "accepted": view.path})
     return out
 
 
 def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, greedy: bool,
-                turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int) -> dict:
+                turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int) -> AnswerRecord:
     """One answer in Spec-Bench's format plus per-step statistics.
 
     ``turns``: per turn ``(prompt ids, output, wall seconds, decoded text)``.
@@ -421,40 +246,31 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
     outs = [t[1] for t in turns]
     steps = [s for o in outs for s in (o.steps or [])]
     trees = [t for o in outs for t in o.trees]
-    return {
-        "question_id": question.question_id,
-        "category": question.category,
-        "answer_id": f"{arm.slug}/{question.question_id}/{repeat}",
-        "model_id": model_id,
-        "arm": arm.name,
-        "repeat": repeat,
-        "greedy": greedy,
-        "tstamp": time.time(),
-        "choices": [{
-            "index": 0,
-            "turns": [t[3] for t in turns],
-            "new_tokens": [len(o.tokens) for o in outs],
-            "wall_time": [round(t[2], 7) for t in turns],
-            "accept_lengths": [a for o in outs for a in o.accept_lengths],
-            "decoding_steps": [o.target_forwards for o in outs],
-        }],
-        "draft_forwards": [o.draft_forwards for o in outs],
-        "prompt_tokens": [len(t[0]) for t in turns],
-        "output_ids": [o.tokens for o in outs],
-        "steps": _steps_columns(steps),
-        "trees": _pick_trees(trees, trees_k),
-    }
+    choice = Choice(turns=[t[3] for t in turns], new_tokens=[len(o.tokens) for o in outs],
+                    wall_time=[round(t[2], 7) for t in turns],
+                    accept_lengths=[a for o in outs for a in o.accept_lengths],
+                    decoding_steps=[o.target_forwards for o in outs])
+    return AnswerRecord(
+        question_id=question.question_id, category=question.category,
+        answer_id=f"{arm.slug}/{question.question_id}/{repeat}", model_id=model_id, arm=arm.name,
+        repeat=repeat, greedy=greedy, tstamp=time.time(), choice=choice,
+        draft_forwards=[o.draft_forwards for o in outs], prompt_tokens=[len(t[0]) for t in turns],
+        output_ids=[o.tokens for o in outs], steps=steps_columns(steps), trees=_pick_trees(trees, trees_k),
+    )
 
 
 # ---------------------------------------------------------------------- the run
 @dataclass
 class RunOutcome:
-    """What a run did: where, how many answers it computed and how many it found on disk."""
+    """What a run did: where, how many answers it computed and how many it found on disk.
+
+    The run writes answers, run.json and divergences.json; the summary, report.md and plots
+    come from :func:`specframe.report.write_report` (the CLI calls it after every run).
+    """
 
     out_dir: Path
     computed: int
     skipped: int
-    summary: dict
 
 
 @contextlib.contextmanager
@@ -490,7 +306,7 @@ class Experiment:
         self.fresh = fresh
 
     def run(self) -> RunOutcome:
-        """Lock the output directory, compute every missing answer, then write the report.
+        """Lock the output directory and compute every missing answer (not the report).
 
         A directory held by another live run raises :class:`ExperimentError`; ``fresh``
         discards earlier results once the lock is held.
@@ -501,7 +317,7 @@ class Experiment:
             raise ExperimentError(str(err)) from None
         try:
             if self.fresh:
-                _discard(self.out_dir)
+                RunDir(self.out_dir).discard()
             return self._run_locked()
         finally:
             lock.__exit__(None, None, None)
@@ -510,12 +326,16 @@ class Experiment:
         cfg = self.config
         questions = load_questions(cfg.data.path, cfg.data.category, cfg.data.limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        _check_run_file(cfg, self.out_dir)
-        questions = [q for q in questions if json.dumps(q.question_id) not in self._overflowed()]
+        run_file = RunFile(self.out_dir)
+        run_file.check(cfg.name, cfg.fingerprint(), {a.name: a.describe() for a in cfg.arms},
+                       max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, target=cfg.target.model,
+                       source=str(cfg.source or ""), torch=torch.__version__)
+        overflowed = run_file.overflow_skipped_ids()
+        questions = [q for q in questions if json.dumps(q.question_id) not in overflowed]
         store = AnswerStore(self.out_dir)
-        done = {arm.name: store.done(arm) for arm in cfg.arms}
+        done = {arm.name: store.done(arm.name) for arm in cfg.arms}
         todo = [(r, q, a) for r in range(cfg.repeats) for q in questions for a in cfg.arms
-                if _key(q.question_id, r) not in done[a.name]]
+                if answer_key(q.question_id, r) not in done[a.name]]
         skipped = cfg.repeats * len(questions) * len(cfg.arms) - len(todo)
         computed = 0
         if todo:
@@ -529,28 +349,26 @@ class Experiment:
                 store.close()
                 torch.set_num_threads(threads)
         self._write_divergences(questions)
-        from .report import write_report
-
-        summary = write_report(self.out_dir)
-        return RunOutcome(self.out_dir, computed, skipped, summary)
+        return RunOutcome(self.out_dir, computed, skipped)
 
     def _write_divergences(self, questions: list[Question]) -> None:
         """Record where greedy arms left the autoregressive answers, with the target's logit
         margin there (a float tie or a bug?); the report lists them. Loads the target only when
         there is a divergence."""
-        from .divergence import DIVERGENCES_FILE, find_divergence
+        from .divergence import find_divergence
 
         cfg = self.config
-        path = self.out_dir / DIVERGENCES_FILE
+        run_dir = RunDir(self.out_dir)
+        path = run_dir.divergences
         ref_arm = next((a for a in cfg.arms if a.baseline == "autoregressive"), None)
-        store = AnswerStore(self.out_dir)
-        ref = {} if ref_arm is None else {_key(r["question_id"], r["repeat"]): r for r in read_answers(store.path(ref_arm))}
+        ref = {} if ref_arm is None else {answer_key(r["question_id"], r["repeat"]): r
+                                          for r in read_answers(run_dir.answers(ref_arm.name))}
         differing = []
         for arm in cfg.arms:
             if arm is ref_arm:
                 continue
-            for record in read_answers(store.path(arm)):
-                base = ref.get(_key(record["question_id"], record["repeat"]))
+            for record in read_answers(run_dir.answers(arm.name)):
+                base = ref.get(answer_key(record["question_id"], record["repeat"]))
                 if record.get("greedy") and base is not None and record["output_ids"] != base["output_ids"]:
                     differing.append((arm.name, record, base))
         if not differing:
@@ -571,11 +389,6 @@ class Experiment:
                     found.append(div.to_dict())
                     break
         path.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
-
-    def _overflowed(self) -> set[str]:
-        """Question ids (as JSON) an earlier run of this directory skipped as too long."""
-        meta = json.loads((self.out_dir / RUN_FILE).read_text(encoding="utf-8"))
-        return {json.dumps(s["question_id"]) for s in meta.get("overflow_skipped", [])}
 
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config
@@ -609,10 +422,7 @@ class Experiment:
                 continue
             self._check_length(prompt, target, q)
         if skipped:
-            path = self.out_dir / RUN_FILE
-            meta = json.loads(path.read_text(encoding="utf-8"))
-            meta["overflow_skipped"] = meta.get("overflow_skipped", []) + skipped
-            _write_json(path, meta)
+            RunFile(self.out_dir).add_overflow_skipped(skipped)
             warn(f"{len(skipped)} prompt(s) skipped: prompt + max_new_tokens exceeds the target's "
                  f"{target.max_positions} positions ([data] on_overflow = \"skip\"; listed in the report)")
 
@@ -648,8 +458,7 @@ class Experiment:
         computed = 0
         with self._progress(total=skipped + len(todo), completed=skipped) as advance:
             for repeat, question, arm in todo:
-                record = self._answer(arm, runners[arm.name], encoder, question, repeat, eos, target)
-                store.append(arm, record)
+                record = store.append(self._answer(arm, runners[arm.name], encoder, question, repeat, eos, target))
                 computed += 1
                 advance(arm.name)
                 if self.on_record is not None:
@@ -663,10 +472,7 @@ class Experiment:
             (self.console or Console(stderr=True)).print(text, markup=False)
 
     def _record_greedy(self, runners: dict) -> None:
-        path = self.out_dir / RUN_FILE
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        meta["greedy"].update({name: bool(r.greedy) for name, r in runners.items()})
-        _write_json(path, meta)
+        RunFile(self.out_dir).record_greedy({name: bool(r.greedy) for name, r in runners.items()})
 
     def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
         prompt = encoder.encode(q.turns, [], None)
@@ -684,7 +490,7 @@ class Experiment:
         return torch.Generator().manual_seed(seed)
 
     def _answer(self, arm: ArmConfig, runner: Any, encoder: PromptEncoder, q: Question, repeat: int,
-                eos: set[int], target: Any) -> dict:
+                eos: set[int], target: Any) -> AnswerRecord:
         turns, answers, prompt = [], [], None
         for k in range(len(q.turns)):
             prompt = encoder.encode(q.turns, answers, prompt)
@@ -746,7 +552,10 @@ class _ProgressBar:
 
 def run_experiment(config: ExperimentConfig | str | Path, out_dir: str | Path | None = None, fresh: bool = False,
                    on_record: RecordHook | None = None, progress: bool = True, console: Any = None) -> RunOutcome:
-    """Load (if a path), validate and run an experiment; ``fresh`` discards old answers first."""
+    """Load (if a path), validate and run an experiment; ``fresh`` discards old answers first.
+
+    Writes answers, not the report: follow with :func:`specframe.report.write_report`.
+    """
     if not isinstance(config, ExperimentConfig):
         from .config import load_config
 
@@ -756,11 +565,3 @@ def run_experiment(config: ExperimentConfig | str | Path, out_dir: str | Path | 
     return Experiment(config, target_dir, on_record=on_record, progress=progress, console=console,
                       fresh=fresh).run()
 
-
-def _discard(out_dir: Path) -> None:
-    """Remove what a run writes (answers, run.json, summary, report, plots), nothing else."""
-    for name in (ANSWERS_DIR, "plots"):
-        if (out_dir / name).is_dir():
-            shutil.rmtree(out_dir / name)
-    for name in (RUN_FILE, "summary.json", "report.md"):
-        (out_dir / name).unlink(missing_ok=True)

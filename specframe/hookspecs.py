@@ -30,4 +30,10 @@ def register_verifiers(register: Callable[[type], None]) -> None:
 
 @hookspec
 def register_commands(cli: Any) -> None:
-    """Add subcommands to the ``specframe`` click group ``cli`` (``cli.add_command(cmd)``)."""
+    """Add subcommands to the ``specframe`` command line.
+
+    :param cli: the ``specframe`` :class:`click.Group`; call ``cli.add_command(command)``.
+
+    Called once by ``specframe.cli.main`` before the group runs. The built-in drafters add
+    ``train-eagle`` this way: the core never imports a command by name.
+    """

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .options import NoOptions
+from .options import BudgetOptions, NoOptions
 from .tree import DraftTree
 
 if TYPE_CHECKING:
@@ -63,13 +63,16 @@ class Drafter(ABC):
         tokens: torch.Tensor,
         path: torch.Tensor | None = None,
         target_hidden: torch.Tensor | None = None,
+        tree: DraftTree | None = None,
     ) -> None:
         """Record newly committed ``tokens`` (accepted drafted tokens + bonus token).
 
-        ``path`` holds the accepted node indices of the last tree (root first) so a drafter can
-        keep the cache entries it already computed; ``target_hidden`` carries the target's
-        hidden states of the whole verified tree (index them with ``path``) for drafters with
-        ``needs_target_hidden``.
+        ``path`` holds the accepted node indices of the verified tree (root first) so a
+        drafter can keep the cache entries it already computed; ``target_hidden`` carries the
+        target's hidden states of the whole verified tree (index them with ``path``) for
+        drafters with ``needs_target_hidden``. ``tree`` is the verified tree itself: a policy
+        may have re-indexed the tree ``expand`` saw with :meth:`DraftTree.select`, and
+        ``tree.origins()[path]`` gives the accepted nodes' indices in that tree.
         """
 
 
@@ -123,9 +126,21 @@ class TreePolicy(ABC):
         self.options = options
 
     @property
-    def budget(self) -> int:
-        """Largest tree (root included) this policy may return; the engine enforces it."""
-        return int(getattr(self.options, "budget"))
+    def max_budget(self) -> int:
+        """The largest tree (root included) this policy ever builds.
+
+        The engine passes ``build`` the smaller of this and the room left in the target's
+        context, and sizes per-generation buffers by it. By default it is ``options.budget``
+        of a policy whose ``Options`` inherit :class:`~specframe.options.BudgetOptions`;
+        a policy sized otherwise (a fixed shape, a chain length) overrides this property.
+        """
+        if isinstance(self.options, BudgetOptions):
+            return int(self.options.budget)
+        raise TypeError(
+            f"policy {self.name!r}: its Options ({type(self.options).__name__}) do not inherit "
+            "specframe.BudgetOptions, so its largest tree is unknown: inherit BudgetOptions "
+            "(a 'budget' option) or override the max_budget property"
+        )
 
     def reset(self) -> None:
         """Forget adaptive state at the start of a generation."""
@@ -136,28 +151,23 @@ class TreePolicy(ABC):
 
     @abstractmethod
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Build one draft tree of at most ``min(budget, self.budget)`` nodes."""
+        """Build one draft tree of at most ``budget`` nodes, root included.
+
+        The engine passes ``budget = min(self.max_budget, room left in the context)``, so a
+        policy never takes that minimum itself; a larger tree is an ``EngineError``.
+        """
 
     def observe(self, step: "StepStats") -> None:
         """Called after each verification with that step's statistics (adaptive policies)."""
 
 
-@dataclass
-class Verdict:
-    """Outcome of verifying one tree: accepted node indices (root first) and the bonus token."""
-
-    accepted_path: torch.Tensor
-    bonus_token: int
-
-    @classmethod
-    def from_leaf(cls, tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor) -> "Verdict":
-        """The verdict whose path runs from the root to node ``last`` (reads back to the host)."""
-        path = torch.nonzero(tree.ancestor_mask()[int(last)]).flatten()  # topological = root..last
-        return cls(accepted_path=path, bonus_token=int(bonus))
-
-
 class Verifier(ABC):
-    """Decides which drafted path the target accepts and which token it adds."""
+    """Decides which drafted path the target accepts and which token it adds.
+
+    A verifier implements one method, :meth:`verify`. Class attributes: ``lossless`` (the
+    output is distributed exactly as the target's own decoding) and ``sampling`` (it samples,
+    so ``generate(temperature=...)`` may override its ``temperature`` option).
+    """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
@@ -170,23 +180,33 @@ class Verifier(ABC):
     @abstractmethod
     def verify(
         self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None
-    ) -> Verdict:
-        """Verify ``tree`` given target logits ``[n, V]`` at every node (row i predicts i's child)."""
-
-    def accept_leaf(
-        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same decision as :meth:`verify`, as two 0-dim tensors on the tree's device:
-        the deepest accepted node and the bonus token.
+        """Decide one step: ``(last, bonus)``, the deepest accepted node of ``tree`` and the
+        bonus token, as two 0-dim integer tensors on ``tree.device``.
 
-        The engine's fast path calls this so that the accepted path, its tokens and the bonus
-        reach the host in one read per step. This default goes through :meth:`verify` (which
-        reads back on its own); a verifier that can decide on the device overrides it and
-        derives ``verify`` from it, as the built-ins do.
+        The accepted path is the root path to ``last`` (``last = 0``: no drafted token
+        accepted). Returning tensors, not Python ints, lets a verifier decide on the device:
+        the engine reads the path, its tokens, the bonus and the tree's validity flag back in
+        ONE transfer per step, so anything that reads the device here (``int(t)``,
+        ``t.tolist()``, ``nonzero``) makes every step wait for the GPU once more.
+
+        ``target_logits``: ``[n, V]``, row i is the target's prediction after node i (so row
+        ``parents[j]`` verifies node j, and row ``last`` gives the bonus token).
+        ``generator``: the randomness of this ``generate`` call (None: the verifier's own or
+        torch's global one); a deterministic verifier ignores it.
+
+        A host-side loop is fine for a prototype (``specframe.testing.reference.Verdict``
+        turns a path into this return), and a property test against such an obviously-correct
+        loop is how the built-ins are checked::
+
+            def test_greedy_takes_the_argmax_child():
+                tree = DraftTree.root(4).add_nodes(torch.tensor([0, 0]), torch.tensor([2, 5]),
+                                                   torch.tensor([-0.5, -1.0]))
+                logits = torch.zeros(3, 8)
+                logits[0, 5] = logits[2, 7] = 1.0          # argmax 5 at the root, 7 after node 2
+                last, bonus = make_plugin("verifiers", "greedy").verify(tree, logits, None)
+                assert (int(last), int(bonus)) == (2, 7)
         """
-        verdict = self.verify(tree, target_logits, generator)
-        last = verdict.accepted_path[-1].to(tree.device)
-        return last, torch.tensor(verdict.bonus_token, device=tree.device)
 
 
 @dataclass

@@ -19,9 +19,11 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
+
+from .runs import RunDir, answer_key as _key, read_answers
 
 ALL = "all"
 MAX_RANK = 10  # funnel columns 0..MAX_RANK-1 and one bucket for ranks >= MAX_RANK
@@ -30,7 +32,7 @@ BOOTSTRAP = 2000
 
 def answer_key(record: dict) -> tuple[str, int]:
     """``(question_id as JSON, repeat)``: what pairs answers of two arms."""
-    return json.dumps(record["question_id"]), int(record.get("repeat", 0))
+    return _key(record["question_id"], record.get("repeat", 0))
 
 
 def tokens_of(record: dict) -> int:
@@ -217,14 +219,11 @@ def budget_cuts(records: Iterable[dict]) -> dict:
 
 def load_run(out_dir: str | Path) -> dict:
     """Records of every arm of a run directory, in the config's arm order, plus its metadata."""
-    from .config import slugify
-    from .experiment import ANSWERS_DIR, RUN_FILE, read_answers
-
-    out_dir = Path(out_dir)
-    meta = json.loads((out_dir / RUN_FILE).read_text(encoding="utf-8"))
+    run_dir = RunDir(out_dir)
+    meta = json.loads(run_dir.run_file.read_text(encoding="utf-8"))
     arms = {}
     for name in meta["arms"]:
-        records = read_answers(out_dir / ANSWERS_DIR / f"{slugify(name)}.jsonl")
+        records = read_answers(run_dir.answers(name))
         if records:
             arms[name] = records
     base = next((n for n in arms if meta["arms"][n].get("baseline") == "autoregressive"), None)

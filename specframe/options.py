@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 
@@ -19,6 +20,27 @@ class OptionError(ValueError):
 @dataclasses.dataclass
 class NoOptions:
     """Options of a plugin that takes none."""
+
+
+@dataclasses.dataclass
+class BudgetOptions:
+    """Base of a tree policy's options: the node budget, declared and checked once.
+
+    Inherit it and :class:`~specframe.TreePolicy` reads the policy's largest tree
+    (:attr:`~specframe.TreePolicy.max_budget`) from ``budget``; a subclass may redeclare the
+    field to change its default (``budget: int = 32``). A subclass with its own
+    ``__post_init__`` calls ``super().__post_init__()`` so the budget stays checked.
+
+    Attributes:
+        budget: N, the largest tree the policy builds, root included (N = 60: at most 59
+            drafted nodes; EAGLE's ``total_token``).
+    """
+
+    budget: int = 60
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.budget, int) and self.budget >= 2, "budget",
+                f"must be an int >= 2 (the root counts), got {self.budget!r}")
 
 
 def _allowed_types(hint: Any) -> tuple[type, ...] | None:
@@ -42,7 +64,10 @@ def _allowed_types(hint: Any) -> tuple[type, ...] | None:
 
 
 def _coerce(value: Any, allowed: tuple[type, ...]) -> Any:
-    """Accept ints for floats and lists for tuples (TOML has no tuples); reject bools as numbers."""
+    """Accept ints for floats, lists for tuples and strings for paths (TOML has neither);
+    reject bools as numbers."""
+    if isinstance(value, str) and str not in allowed and any(issubclass(t, PurePath) for t in allowed):
+        return Path(value)
     if isinstance(value, bool):
         return value if bool in allowed else _Reject
     if isinstance(value, int) and int not in allowed and float in allowed:
@@ -56,20 +81,27 @@ class _Reject:
     pass
 
 
-def build_options(options_cls: type, values: Mapping[str, Any] | None, owner: str) -> Any:
+def build_options(options_cls: type, values: Mapping[str, Any] | None, owner: str, noun: str = "option") -> Any:
     """Instantiate ``options_cls`` from ``values``, checking names and types.
 
     Args:
-        options_cls: the plugin's options dataclass.
+        options_cls: the plugin's options dataclass (or any dataclass of user-written values,
+            e.g. a table of an experiment file). A field without a default is required; its
+            ``metadata["help"]`` says what to give.
         values: user-supplied options (may be None).
         owner: what the options belong to, used in messages (e.g. ``policy 'talon'``).
+        noun: what one value is called in messages (``option``; ``key`` for file tables).
     """
     values = dict(values or {})
-    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    fields = {f.name: f for f in dataclasses.fields(options_cls) if f.init}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         valid = ", ".join(sorted(fields)) or "(none)"
-        raise OptionError(f"unknown option(s) {unknown} for {owner}; valid options: {valid}")
+        raise OptionError(f"unknown {noun}(s) {unknown} for {owner}; valid {noun}s: {valid}")
+    for name, f in fields.items():
+        if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            help_text = f.metadata.get("help")
+            raise OptionError(f"{owner}: {noun} {name!r} is required" + (f" ({help_text})" if help_text else ""))
     hints = typing.get_type_hints(options_cls)
     for key, value in list(values.items()):
         allowed = _allowed_types(hints.get(key, Any))
@@ -77,9 +109,9 @@ def build_options(options_cls: type, values: Mapping[str, Any] | None, owner: st
             continue
         coerced = _coerce(value, allowed)
         if coerced is _Reject:
-            names = " | ".join(t.__name__ for t in allowed)
+            names = " | ".join("str (a path)" if issubclass(t, PurePath) else t.__name__ for t in allowed)
             raise OptionError(
-                f"option {key!r} of {owner} must be {names}, got {type(value).__name__} {value!r}"
+                f"{noun} {key!r} of {owner} must be {names}, got {type(value).__name__} {value!r}"
             )
         values[key] = coerced
     try:

@@ -286,12 +286,13 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
     for the measurement (and the key); None keeps the current setting. ``packed_linears``
     measures the model with MKL-packed linears (:mod:`specframe.packed_linear`), cached apart.
     """
-    from .experiment import resolve_device
     from .target import TargetModel, load_causal_lm
 
     if threads:
         torch.set_num_threads(int(threads))
-    model = load_causal_lm(name, dtype=dtype, device=resolve_device(device))
+    if device in (None, "auto"):  # as the experiment's [target] device: CUDA when available
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_causal_lm(name, dtype=dtype, device=torch.device(device))
     if packed_linears:
         from .packed_linear import pack_linears
 

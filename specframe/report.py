@@ -7,10 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import load_run, summarize
-
-SUMMARY_FILE = "summary.json"
-REPORT_FILE = "report.md"
-PLOTS_DIR = "plots"
+from .runs import RunDir, write_json
 
 COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
            "target fwd/token", "mismatches vs AR")
@@ -109,22 +106,23 @@ def notices(summary: dict) -> list[str]:
 
 
 def write_report(out_dir: str | Path, plots: bool = True) -> dict:
-    """Recompute summary.json, the plots and report.md from the answers in ``out_dir``."""
-    out_dir = Path(out_dir)
-    run = load_run(out_dir)
-    summary = summarize(run)
-    from .divergence import DIVERGENCES_FILE
+    """Recompute summary.json, the plots and report.md from the answers in ``out_dir``.
 
-    if (out_dir / DIVERGENCES_FILE).exists():
-        summary["divergences"] = json.loads((out_dir / DIVERGENCES_FILE).read_text(encoding="utf-8"))
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    What ``specframe run`` / ``demo`` / ``report`` do after a run; returns the summary.
+    """
+    run_dir = RunDir(out_dir)
+    run = load_run(run_dir.path)
+    summary = summarize(run)
+    if run_dir.divergences.exists():
+        summary["divergences"] = json.loads(run_dir.divergences.read_text(encoding="utf-8"))
+    write_json(run_dir.summary, summary)
     figures: dict[str, str] = {}
     if plots:
         from .plots import make_plots
 
-        figures = make_plots(run, summary, out_dir / PLOTS_DIR)
-        figures = {title: str(Path(p).relative_to(out_dir)) for title, p in figures.items()}
-    (out_dir / REPORT_FILE).write_text(markdown(summary, figures), encoding="utf-8")
+        figures = make_plots(run, summary, run_dir.plots)
+        figures = {title: str(Path(p).relative_to(run_dir.path)) for title, p in figures.items()}
+    run_dir.report.write_text(markdown(summary, figures), encoding="utf-8")
     return summary
 
 

@@ -1,9 +1,9 @@
 """What the host needs from one verified step, read back from the device in one transfer.
 
-On a GPU every ``int(tensor)`` waits for all queued kernels. The fast path packs the accepted
+On a GPU every ``int(tensor)`` waits for all queued kernels. The engine packs the accepted
 path, its tokens and ranks, the bonus token, the tree's widths and its validity flag into one
-tensor and reads it once; ``read_verdict`` is the reference that gets the same record from a
-host-side :class:`Verdict`.
+tensor and reads it once per step; ``specframe.testing.reference.read_verdict`` is the plain
+reference that gets the same record from a host-side verdict.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .interfaces import Verdict
 from .tree import DraftTree
 
 
@@ -61,12 +60,3 @@ def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     depth = max((d for d, w in enumerate(width_list) if w), default=0)
     return StepRead(ok=bool(packed[0]), path=path[:length], tokens=tokens + [packed[1]], ranks=ranks,
                     widths=width_list[: depth + 1], contiguous=nodes == list(range(length)))
-
-
-def read_verdict(tree: DraftTree, verdict: Verdict) -> StepRead:
-    """The reference: the same record from a host-side verdict (several small reads)."""
-    path = verdict.accepted_path.to(tree.device)
-    nodes = path.tolist()
-    return StepRead(ok=True, path=path, tokens=tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)],
-                    ranks=tree.ranks[path[1:]].tolist(), widths=tree.width_per_depth(),
-                    contiguous=nodes == list(range(len(nodes))))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -22,6 +22,8 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 SUPPORTED_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+#: How a TargetModel's KV cache stores keys and values (:attr:`TargetModel.cache_kind`).
+CacheKind = Literal["dynamic", "preallocated"]
 
 
 @functools.cache  # one class for the process: torch.compile guards on the cache layer's type
@@ -178,9 +180,15 @@ class TargetModel:
     """Stateful wrapper over one transformers causal LM and its KV cache (batch size 1).
 
     Device- and dtype-agnostic: masks and position ids follow the model's parameters.
+
+    ``preallocate``: give each sequence a KV cache allocated once for the capacity passed to
+    :meth:`reset` and compacted in place, instead of transformers' ``DynamicCache``, which
+    reallocates every layer's K/V at each step. It pays on a GPU, where allocations and copies
+    queue behind the forward; on a CPU it is a wash. None (default): on for CUDA models.
+    Outputs are identical either way.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, preallocate: bool | None = None) -> None:
         self.model = model.eval()
         self.architecture = _architecture(model)
         self.attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -200,6 +208,7 @@ class TargetModel:
         param = next(model.parameters())
         self.device: torch.device = param.device
         self.dtype: torch.dtype = param.dtype
+        self.preallocate: bool = self.device.type == "cuda" if preallocate is None else bool(preallocate)
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         cfg = _text_config(model.config)
         # A sliding window does not bound the context: the window mask is built per query.
@@ -216,6 +225,9 @@ class TargetModel:
         self._kv_positions: torch.Tensor | None = None
         self.eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.cache: Any = None
+        #: How :attr:`cache` stores K/V: ``"dynamic"`` (grows by concatenation) or
+        #: ``"preallocated"`` (fixed buffers compacted in place); set by :meth:`reset`.
+        self.cache_kind: CacheKind = "dynamic"
         self.cache_len = 0
         self._call: Any = model
         self.compiled = False
@@ -236,19 +248,23 @@ class TargetModel:
     def reset(self, capacity: int | None = None) -> None:
         """Drop the KV cache (start of a new sequence).
 
-        With ``capacity`` the cache is pre-allocated for that many positions (fast path: no
-        reallocation per step); otherwise it grows by concatenation (transformers' DynamicCache).
+        ``capacity``: the most positions the sequence will hold (the engine passes prompt +
+        max_new_tokens + budget). A target with ``preallocate`` allocates its cache once for
+        that many; otherwise, or without a capacity, the cache grows by concatenation
+        (transformers' DynamicCache).
         """
         from transformers import DynamicCache
 
-        if capacity is None:
+        if capacity is None or not self.preallocate:
             self.cache = DynamicCache()
+            self.cache_kind = "dynamic"
         else:
             from transformers.cache_utils import Cache
 
             layer_cls = _preallocated_layer_class()
             n_layers = self.model.config.get_text_config().num_hidden_layers
             self.cache = Cache(layers=[layer_cls(capacity) for _ in range(n_layers)])
+            self.cache_kind = "preallocated"
         self.cache_len = 0
         self._kv_positions = torch.zeros(0, dtype=torch.long, device=self.device)
 
@@ -266,7 +282,7 @@ class TargetModel:
         if contiguous is None:
             contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
         for layer in self.cache.layers:
-            if hasattr(layer, "keep"):
+            if self.cache_kind == "preallocated":
                 layer.keep(start, slots)
                 continue
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:

@@ -39,6 +39,10 @@ class DraftTree:
             needed by stochastic verifiers; rows of nodes that were never expanded are unused.
         drafting: how children were chosen: ``deterministic`` (top-k / gated), ``iid``
             (sampled i.i.d. from q) or ``without_replacement``.
+        origin: optional ``[n]`` index of each node in the tree it was selected from, composed
+            over repeated :meth:`select` calls (so: its index in the tree the drafter
+            expanded); -1 for nodes appended after a select. None (the default): no select
+            happened and every node is its own origin. Read it through :meth:`origins`.
     """
 
     tokens: torch.Tensor
@@ -48,6 +52,7 @@ class DraftTree:
     ranks: torch.Tensor
     draft_probs: torch.Tensor | None = None
     drafting: Drafting = "deterministic"
+    origin: torch.Tensor | None = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
@@ -92,6 +97,7 @@ class DraftTree:
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
             logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
             ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
+            origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
             _cache={},
         )
 
@@ -99,8 +105,8 @@ class DraftTree:
         """Depths of ``parents``, refusing indices outside the tree without a device read."""
         n = len(self)
         if parents.device.type != "cpu":
-            # Out-of-range indices would be a device-side assert: clamp, and let valid_flag /
-            # check_valid (parents[i] < i) name the broken node before anything uses the tree.
+            # Out-of-range indices would be a device-side assert: clamp, and let the engine's
+            # validity flag / check_valid (parents[i] < i) name the broken node.
             return self.depths[parents.clamp(0, n - 1)]
         try:
             return self.depths[parents]
@@ -115,6 +121,9 @@ class DraftTree:
         """Sub-tree of the nodes in ``keep`` (indices, must include 0 and be ancestor-closed).
 
         Nodes are re-indexed in ascending order of their old index, so topological order holds.
+        The result remembers where each node came from: ``origins()[i]`` of the sub-tree is
+        ``origins()[keep_sorted[i]]`` of this tree, so node identity survives any number of
+        selects (a drafter maps a verified path back to the nodes it expanded).
         """
         keep = torch.unique(keep.to(self.parents.device, torch.long))  # sorted ascending
         new_index = torch.full((len(self),), -1, dtype=torch.long, device=keep.device)
@@ -131,6 +140,7 @@ class DraftTree:
             logp=self.logp[keep],
             ranks=self.ranks[keep],
             draft_probs=None if self.draft_probs is None else self.draft_probs[keep],
+            origin=self.origins()[keep],
             _cache={},
         )
 
@@ -142,6 +152,13 @@ class DraftTree:
     def device(self) -> torch.device:
         """Device of the tree's tensors."""
         return self.tokens.device
+
+    def origins(self) -> torch.Tensor:
+        """``[n]`` long: each node's index in the tree it was selected from (see ``origin``);
+        ``arange(n)`` when the tree was never re-indexed. Reads nothing from the device."""
+        if self.origin is not None:
+            return self.origin
+        return torch.arange(len(self), dtype=torch.long, device=self.device)
 
     @property
     def max_depth(self) -> int:
@@ -200,17 +217,14 @@ class DraftTree:
     def check_valid(self, budget: int | None = None) -> None:
         """Raise :class:`InvalidTreeError` naming the first violated invariant.
 
-        Checks: non-empty, aligned shapes, a single root at index 0, topological order,
-        depth = parent depth + 1, distinct sibling tokens, finite log-probs and, when given,
-        ``len(tree) <= budget`` (the root counts, as EAGLE's ``total_token``).
+        Checks: non-empty, aligned shapes, ``len(tree) <= budget`` when given (the root
+        counts, as EAGLE's ``total_token``), a single root at index 0, topological order,
+        depth = parent depth + 1, distinct sibling tokens and finite log-probs. Reads the tree's
+        values back to the host as it goes: the engine runs it in strict mode only, and
+        otherwise to name what :meth:`valid_flag` found broken.
         """
+        self._check_shapes(budget)
         n = len(self)
-        if n == 0:
-            raise InvalidTreeError("tree is empty: it must contain at least the root")
-        for name in _NODE_FIELDS:
-            got = tuple(getattr(self, name).shape)
-            if got != (n,):
-                raise InvalidTreeError(f"{name} has shape {got}, expected ({n},) like tokens")
         if int(self.parents[0]) != -1 or int(self.depths[0]) != 0:
             raise InvalidTreeError("node 0 must be the root: parents[0] == -1 and depths[0] == 0")
         idx = torch.arange(n, device=self.device)
@@ -241,23 +255,33 @@ class DraftTree:
         if not bool(torch.isfinite(self.logp).all()):
             i = int(torch.nonzero(~torch.isfinite(self.logp)).flatten()[0])
             raise InvalidTreeError(f"node {i} has a non-finite draft log-prob {float(self.logp[i])}")
+
+    def _check_shapes(self, budget: int | None) -> None:
+        """The invariants the host knows without reading the device: non-empty, aligned
+        shapes, within ``budget``. Anything indexing with the tree relies on them."""
+        n = len(self)
+        if n == 0:
+            raise InvalidTreeError("tree is empty: it must contain at least the root")
+        for name in _NODE_FIELDS:
+            got = tuple(getattr(self, name).shape)
+            if got != (n,):
+                raise InvalidTreeError(f"{name} has shape {got}, expected ({n},) like tokens")
+        if self.origin is not None and tuple(self.origin.shape) != (n,):
+            raise InvalidTreeError(f"origin has shape {tuple(self.origin.shape)}, expected ({n},) like tokens")
         if budget is not None and n > budget:
             raise InvalidTreeError(f"tree has {n} nodes, over the budget of {budget} (root included)")
 
-    def shape_fits(self, budget: int) -> bool:
-        """``check_valid``'s host-side checks as a bool: non-empty, aligned shapes, within
-        ``budget``. Reads nothing from the device."""
-        n = len(self)
-        return 0 < n <= budget and all(tuple(getattr(self, f).shape) == (n,) for f in _NODE_FIELDS)
+    def valid_flag(self, budget: int | None = None) -> torch.Tensor:
+        """:meth:`check_valid` without reading the device: a 0-dim bool tensor on the tree's
+        device, True iff every invariant holds.
 
-    def valid_flag(self) -> torch.Tensor:
-        """0-dim bool tensor on the tree's device: ``check_valid``'s value invariants hold.
-
-        Covers the root, topological order, depths, distinct sibling tokens and finite
-        log-probs without reading anything back to the host, so the engine's fast path can
-        fold it into the one read of its step; when it is False, ``check_valid`` names the
-        broken invariant. Shape and budget checks need no device data: see :meth:`shape_fits`.
+        The shape and size checks need no device data, so a tree that breaks them raises
+        :class:`InvalidTreeError` here at once (nothing may index with it). The value
+        invariants (root, topological order, depths, distinct sibling tokens, finite log-probs)
+        become the flag, which the engine reads together with the verdict in its one read per
+        step; when it is False, :meth:`check_valid` names the broken invariant.
         """
+        self._check_shapes(budget)
         n = len(self)
         idx = torch.arange(n, device=self.device)
         parents = self.parents

@@ -32,12 +32,13 @@ import bisect
 import math
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.options import BudgetOptions, require
 from specframe.tree import DraftTree
 
 #: Upper edges of the draft-probability bins (the last bin runs to 1). The lowest bin holds
@@ -298,7 +299,8 @@ class AutoSizer:
         if len(keep) == 1:  # a plain step: slice the root off, no gather and no checks
             return replace(tree, tokens=tree.tokens[:1], parents=tree.parents[:1], depths=tree.depths[:1],
                            logp=tree.logp[:1], ranks=tree.ranks[:1], _cache={},
-                           draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1])
+                           draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1],
+                           origin=None if tree.origin is None else tree.origin[:1])
         return tree.select(torch.tensor(keep, dtype=torch.long, device=tree.device))
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
@@ -441,12 +443,28 @@ AUTO = "auto"
 
 def check_size_option(value: Any, option: str, minimum: int) -> None:
     """``value`` must be an int >= ``minimum`` or ``"auto"``."""
-    from specframe.options import require
-
     if isinstance(value, str):
         require(value == AUTO, option, f"must be an int or \"auto\", got {value!r}")
     else:
         require(value >= minimum, option, f"must be >= {minimum}, got {value} (or \"auto\")")
+
+
+@dataclass
+class AutoBudgetOptions(BudgetOptions):
+    """:class:`~specframe.options.BudgetOptions` whose budget may also be ``"auto"``.
+
+    Attributes:
+        budget: N, the tree size including the root, or ``"auto"``: each step keeps the size
+            that maximises modelled tokens per second, up to ``max_budget``.
+        max_budget: the largest tree ``budget="auto"`` may build.
+    """
+
+    budget: int | str = 60
+    max_budget: int = 64
+
+    def __post_init__(self) -> None:
+        check_size_option(self.budget, "budget", 2)
+        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
 
 
 class AutoSizedPolicy(TreePolicy):
@@ -456,9 +474,9 @@ class AutoSizedPolicy(TreePolicy):
     sizer: AutoSizer | None = None
 
     @property
-    def budget(self) -> int:
-        """N, or ``max_budget`` under ``budget="auto"``."""
-        return self.options.max_budget if self.sizer is not None else int(self.options.budget)
+    def max_budget(self) -> int:
+        """N, or ``max_budget`` under ``budget="auto"`` (options: :class:`AutoBudgetOptions`)."""
+        return self.options.max_budget if self.options.budget == AUTO else int(self.options.budget)
 
     def attach(self, target: Any) -> None:
         """Auto sizes read the target's cost curve (measured and cached on first use)."""

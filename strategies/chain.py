@@ -82,8 +82,9 @@ class ChainPolicy(AutoSizedPolicy):
         self.reset()
 
     @property
-    def budget(self) -> int:
-        """Largest chain the schedule (or the auto size) can ask for, root included."""
+    def max_budget(self) -> int:
+        """Largest chain the schedule (or the auto size) can ask for, root included: gamma + 1
+        (``max_gamma + 1`` under the heuristic schedule or ``gamma="auto"``)."""
         auto = self.sizer is not None or self.options.schedule == "heuristic"
         return (self.options.max_gamma if auto else self.options.gamma) + 1
 
@@ -93,8 +94,8 @@ class ChainPolicy(AutoSizedPolicy):
         super().reset()
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each
-        (auto: up to the step's cap, then cut where the modelled rate peaks)."""
+        """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each,
+        within ``budget - 1`` (auto: up to the step's cap, then cut where the modelled rate peaks)."""
         if self.sizer is None:
             return self.draft(session, min(self.gamma, budget - 1))
         skipped = self.sizer.skip(session)

@@ -21,12 +21,12 @@ from specframe.interfaces import DraftSession
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizedPolicy, AutoSizer, auto_top_k, check_size_option, stop_growing
+from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, auto_top_k, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
 @dataclass
-class EagleOptions:
+class EagleOptions(AutoBudgetOptions):
     """Options of the ``eagle`` policy.
 
     Attributes:
@@ -39,14 +39,11 @@ class EagleOptions:
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int | str = 60
     top_k: int = 10
     depth: int = 7
-    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        check_size_option(self.budget, "budget", 2)
-        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
+        super().__post_init__()
         require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
 
@@ -65,7 +62,7 @@ class EaglePolicy(AutoSizedPolicy):
         """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes (auto:
         build to the step's cap, then keep the best-paying top-n)."""
         if self.sizer is None:
-            return self.grow(session, min(int(budget), self.budget), self.options.top_k)
+            return self.grow(session, int(budget), self.options.top_k)
         skipped = self.sizer.skip(session)
         if skipped is not None:
             return skipped

@@ -21,12 +21,12 @@ from specframe.interfaces import DraftSession
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizedPolicy, AutoSizer, check_size_option, stop_growing
+from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, stop_growing
 from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
 
 
 @dataclass
-class OptTreeOptions:
+class OptTreeOptions(AutoBudgetOptions):
     """Options of the ``opt-tree`` policy.
 
     Attributes:
@@ -39,14 +39,11 @@ class OptTreeOptions:
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int | str = 60
     threshold: float = 0.5
     max_depth: int = 10
-    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        check_size_option(self.budget, "budget", 2)
-        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
+        super().__post_init__()
         require(self.threshold >= 0.0, "threshold", f"must be >= 0, got {self.threshold}")
         require(self.max_depth >= 1, "max_depth", f"must be >= 1, got {self.max_depth}")
 
@@ -70,7 +67,7 @@ class OptTreePolicy(AutoSizedPolicy):
         """Draft layers of n candidates until the gain drops to ``threshold``; keep the n best
         (auto: n from the step's cap, then keep the best-paying top-n)."""
         if self.sizer is None:
-            return self.grow(session, min(int(budget), self.budget))
+            return self.grow(session, int(budget))
         skipped = self.sizer.skip(session)
         if skipped is not None:
             return skipped

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specframe.interfaces import DraftSession, TreePolicy
-from specframe.options import require
+from specframe.options import BudgetOptions, require
 from specframe.tree import DraftTree
 
 from ._sampling import (
@@ -30,7 +30,7 @@ from ._sampling import (
 
 
 @dataclass
-class SampledTreeOptions:
+class SampledTreeOptions(BudgetOptions):
     """Options of the ``sampled-tree`` policy.
 
     Attributes:
@@ -43,14 +43,13 @@ class SampledTreeOptions:
             generator the engine passes per call takes precedence; None uses torch's global one.
     """
 
-    budget: int = 60
     k: int = 2
     depth: int = 4
     replacement: bool = False
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        super().__post_init__()
         require(self.k >= 1, "k", f"must be >= 1, got {self.k}")
         require(self.depth >= 1, "depth", f"must be >= 1, got {self.depth}")
 
@@ -66,8 +65,8 @@ class SampledTreePolicy(TreePolicy):
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Grow ``depth`` sampled layers within ``min(budget, self.budget)`` nodes."""
-        n_max = min(int(budget), self.budget)
+        """Grow ``depth`` sampled layers within ``budget`` nodes."""
+        n_max = int(budget)
         generator = session_generator(session, self.generator)
         tree = session.new_tree()
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)

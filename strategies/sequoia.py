@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from specframe.interfaces import DraftSession, TreePolicy
-from specframe.options import require
+from specframe.options import BudgetOptions, require
 from specframe.tree import DraftTree
 
 from ._helpers import RankPath, build_from_rank_paths
@@ -32,7 +32,7 @@ DEFAULT_ACCEPTANCE = (0.55, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01)
 
 
 @dataclass
-class SequoiaOptions:
+class SequoiaOptions(BudgetOptions):
     """Options of the ``sequoia`` policy.
 
     Attributes:
@@ -49,14 +49,13 @@ class SequoiaOptions:
             the tree is the best of exactly N nodes and depth <= max_depth.
     """
 
-    budget: int = 60
     acceptance: tuple = DEFAULT_ACCEPTANCE
     max_depth: int = 12
     draft_time: float = 0.0
     target_times: tuple = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        require(self.budget >= 2, "budget", f"must be >= 2 (the root counts), got {self.budget}")
+        super().__post_init__()
         a = tuple(self.acceptance)
         require(len(a) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a),
                 "acceptance", f"must be a non-empty list of numbers, got {self.acceptance!r}")
@@ -150,11 +149,11 @@ class SequoiaPolicy(TreePolicy):
         self._paths: dict[int, tuple[RankPath, ...]] = {}
 
     def shape(self, budget: int | None = None) -> tuple[RankPath, ...]:
-        """The rank paths drafted under ``budget`` (default: the configured budget)."""
-        n_max = min(int(budget or self.budget), self.budget)
+        """The rank paths drafted under ``budget`` (default and upper bound: the configured budget)."""
+        n_max = min(int(budget or self.max_budget), self.max_budget)
         if n_max not in self._paths:
             o = self.options
-            table = sequoia_table(o.acceptance, self.budget, o.max_depth)
+            table = sequoia_table(o.acceptance, self.max_budget, o.max_depth)
             if o.target_times:
                 m, d = choose_size_depth(table, n_max, o.max_depth, o.draft_time, o.target_times)
             else:  # the largest feasible size (B children and max_depth may cap it below N)
@@ -165,4 +164,4 @@ class SequoiaPolicy(TreePolicy):
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Draft the DP-optimal shape with the drafter's ranked children."""
-        return build_from_rank_paths(session, self.shape(budget), min(int(budget), self.budget))
+        return build_from_rank_paths(session, self.shape(budget), int(budget))

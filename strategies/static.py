@@ -57,10 +57,10 @@ class StaticPolicy(TreePolicy):
     Options = StaticOptions
 
     @property
-    def budget(self) -> int:
-        """The configured tree's size, root included."""
+    def max_budget(self) -> int:
+        """The configured tree's size, root included (the shape fixes it: no budget option)."""
         return len(self.options.paths) + 1
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Fill the rank paths with the drafter's ranked children."""
-        return build_from_rank_paths(session, self.options.paths, min(int(budget), self.budget))
+        return build_from_rank_paths(session, self.options.paths, int(budget))

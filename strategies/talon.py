@@ -23,18 +23,19 @@ from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoSizedPolicy, AutoSizer, MuBandit, auto_top_k, check_size_option, stop_growing
+from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, MuBandit, auto_top_k, stop_growing
 from ._helpers import append_children, child_scores, top_indices, topk_children
 
 
 @dataclass
-class TalonOptions:
+class TalonOptions(AutoBudgetOptions):
     """Options of the ``talon`` policy.
 
     Attributes:
         budget: N, the tree size including the root (N = 60 means 59 drafted nodes), or
             ``"auto"``: each step keeps the size that maximises modelled tokens per second
             (measured cost curve, running acceptance statistics), up to ``max_budget``.
+            (From :class:`AutoBudgetOptions`, with ``max_budget``.)
         mu: relative gate in (0, 1]: a candidate survives when p(u) >= mu * max p over the layer.
             Smaller mu keeps more nodes per layer (wider, shallower trees). ``"auto"``: chosen
             online by a bandit over a grid of gates (reward: tokens per modelled second).
@@ -44,17 +45,14 @@ class TalonOptions:
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int | str = 60
     mu: float | str = 0.03
     top_k: int = 10
     init_layers: int = 1
-    max_budget: int = 64
 
     def __post_init__(self) -> None:
-        check_size_option(self.budget, "budget", 2)
+        super().__post_init__()
         require(self.mu == AUTO or (isinstance(self.mu, (int, float)) and 0.0 < self.mu <= 1.0), "mu",
                 f"must be in (0, 1] or \"auto\", got {self.mu!r}")
-        require(self.max_budget >= 2, "max_budget", f"must be >= 2, got {self.max_budget}")
         require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         require(self.init_layers >= 0, "init_layers", f"must be >= 0, got {self.init_layers}")
 
@@ -73,11 +71,6 @@ class TalonPolicy(AutoSizedPolicy):
         self.sizer: AutoSizer | None = (
             AutoSizer(options.max_budget) if self.auto_size or self.bandit else None)
 
-    @property
-    def budget(self) -> int:
-        """N, or ``max_budget`` under ``budget="auto"``."""
-        return self.options.max_budget if self.auto_size else int(self.options.budget)
-
     def observe(self, step: StepStats) -> None:
         """Feed the auto sizer and the mu bandit (which persists across sequences, like the
         acceptance statistics)."""
@@ -86,15 +79,15 @@ class TalonPolicy(AutoSizedPolicy):
             self.bandit.reward(rate)
 
     def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Grow layers until the tree holds ``min(budget, self.budget)`` nodes (auto: the step's
-        cap, then keep the best-paying top-n)."""
+        """Grow layers until the tree holds ``budget`` nodes (auto: the step's cap, then keep
+        the best-paying top-n)."""
         if self.auto_size:
             skipped = self.sizer.skip(session)
             if skipped is not None:
                 return skipped  # a plain step in a dry spell (no gate was tried: no reward)
         mu = self.bandit.choose() if self.bandit is not None else float(self.options.mu)
         if not self.auto_size:
-            tree = self.grow(session, min(int(budget), self.budget), mu, self.options.top_k)
+            tree = self.grow(session, int(budget), mu, self.options.top_k)
             return self.sizer.prune(tree, session, choose=False) if self.sizer is not None else tree
         cap = min(int(budget), self.sizer.cap)
         self.sizer.begin()

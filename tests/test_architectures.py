@@ -72,21 +72,21 @@ def _plain_logits(model: Any, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
-def _speculate(model: Any, draft: Any, policy: str, fast: bool, prompt: list[int]) -> list[int]:
-    dec = specframe.SpecDecoder.build(target=model, drafter=("model", {"model": draft}), policy=policy,
-                                      fast=fast)
+def _speculate(model: Any, draft: Any, policy: str, preallocate: bool, prompt: list[int]) -> list[int]:
+    dec = specframe.SpecDecoder.build(target=TargetModel(model, preallocate=preallocate),
+                                      drafter=("model", {"model": draft}), policy=policy)
     return dec.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=None).tokens
 
 
 # ---------------------------------------------------------------------------- the matrix
 @pytest.mark.parametrize("arch, policy", CASES)
 def test_matrix_greedy_equals_generate(arch: str, policy: str) -> None:
-    """Every architecture x every built-in policy, on both engine paths, beyond the window."""
+    """Every architecture x every built-in policy, with both KV caches, beyond the window."""
     expected = list(_expected(arch))
     assert len(expected) == NEW_TOKENS
-    for fast in (False, True):  # reference path, then the pre-allocated fast path
-        tokens = _speculate(_model(arch), _draft(arch), policy, fast, _prompt())
-        assert tokens == expected, f"{arch}, policy {policy}, fast={fast}"
+    for preallocate in (False, True):  # a growing, then a pre-allocated KV cache
+        tokens = _speculate(_model(arch), _draft(arch), policy, preallocate, _prompt())
+        assert tokens == expected, f"{arch}, policy {policy}, preallocate={preallocate}"
 
 
 @pytest.mark.parametrize("arch", WINDOWED)
@@ -146,7 +146,7 @@ def test_tree_nodes_see_what_their_layer_sees(arch: str, capacity: int | None) -
     model = _model(arch)
     prefix = _prompt(seed=3)
     tree = _deep_tree(prefix[-1], depth=2 * WINDOW, seed=4)
-    target = TargetModel(model)
+    target = TargetModel(model, preallocate=capacity is not None)
     _assert_tree_matches_paths(model, prefix, tree, _tree_logits(target, prefix, tree, capacity), _tolerance(arch))
     target.sliding_window = None  # every layer sees everything: what the window mask prevents
     unwindowed = _tree_logits(target, prefix, tree, capacity)
@@ -176,7 +176,7 @@ def test_kv_compaction_on_windowed_models(arch: str, capacity: int | None, trees
     """Several verify-and-keep steps on a sliding/hybrid model, then plain tokens: the logits
     equal a fresh forward over everything committed (the cache and its positions stay aligned)."""
     model = _model(arch)
-    target = TargetModel(model)
+    target = TargetModel(model, preallocate=capacity is not None)
     target.reset(capacity=capacity)
     target.causal_forward(torch.tensor(prefix[:-1]))
     committed = list(prefix)
@@ -198,7 +198,7 @@ def test_kv_compaction_keeps_the_positions_of_a_deep_path(arch: str, capacity: i
     are not the first slots of the tree, and their positions (which the window is measured
     from) move with them."""
     model = _model(arch)
-    target = TargetModel(model)
+    target = TargetModel(model, preallocate=capacity is not None)
     target.reset(capacity=capacity)
     prefix = _prompt(seed=8, length=3 * WINDOW)
     target.causal_forward(torch.tensor(prefix[:-1]))
@@ -276,8 +276,8 @@ def test_model_specific_detail_stays_lossless(detail: str) -> None:
     _assert_tree_matches_paths(model, prefix, tree, _tree_logits(TargetModel(model), prefix, tree, None),
                                _tolerance(arch))
     expected = _generate_reference(model, prefix)
-    for fast in (False, True):
-        assert _speculate(model, _draft(arch), "talon", fast, prefix) == expected, f"fast={fast}"
+    for preallocate in (False, True):
+        assert _speculate(model, _draft(arch), "talon", preallocate, prefix) == expected, f"preallocate={preallocate}"
 
 
 # ---------------------------------------------------------------------------- refusals

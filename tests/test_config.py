@@ -60,7 +60,7 @@ def no_model_loads(monkeypatch):
     """Any model construction during these tests is a failure: validation must come first."""
     import transformers
 
-    import specframe.testing.models as models
+    import specframe.synthetic_models as models
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 
 import specframe
-from specframe.interfaces import Drafter, TreePolicy, Verdict, Verifier
+from specframe.interfaces import Drafter, TreePolicy, Verifier
+from specframe.testing.reference import Verdict
 
 
 @dataclass
-class BudgetOptions:
+class BrokenOptions(specframe.BudgetOptions):
     budget: int = 16
 
 
@@ -31,11 +32,11 @@ class OverBudgetPolicy(TreePolicy):
     """A greedy chain with one node too many: `budget` drafted nodes plus the root."""
 
     name = "broken-overbudget"
-    Options = BudgetOptions
+    Options = BrokenOptions
 
     def build(self, session, budget):
         tree, node = session.new_tree(), 0
-        for _ in range(min(budget, self.budget)):
+        for _ in range(budget):
             logp = session.expand(tree, [node])[0]
             token = int(logp.argmax())
             tree = tree.add_nodes(torch.tensor([node]), torch.tensor([token]), tree.logp[node:node + 1] + logp[token])
@@ -48,7 +49,7 @@ class TieUnsafePolicy(TreePolicy):
     to the LATER node: a child that ties its parent can be kept without it."""
 
     name = "broken-tie-unsafe"
-    Options = BudgetOptions
+    Options = BrokenOptions
 
     def build(self, session, budget):
         tree, frontier = session.new_tree(), [0]
@@ -61,7 +62,7 @@ class TieUnsafePolicy(TreePolicy):
             tree = tree.add_nodes(parents, top.indices.flatten()[keep], tree.logp[parents] + top.values.flatten()[keep])
             frontier = list(range(start, len(tree)))
         order = torch.sort(tree.logp[1:].flip(0), descending=True, stable=True).indices
-        best = (len(tree) - 1 - order)[: min(budget, self.budget) - 1]   # node ids, ties -> later node
+        best = (len(tree) - 1 - order)[: budget - 1]   # node ids, ties -> later node
         return tree.select(torch.cat([torch.tensor([0]), best]))
 
 
@@ -77,7 +78,7 @@ class FirstChildVerifier(Verifier):
             if not len(kids):
                 break
             path.append(int(kids[0]))
-        return Verdict(torch.tensor(path), int(target_logits[path[-1]].argmax()))
+        return Verdict(torch.tensor(path), int(target_logits[path[-1]].argmax())).leaf(tree)
 
 
 @dataclass
@@ -100,7 +101,7 @@ class IgnoresTemperatureVerifier(Verifier):
             y = int(torch.multinomial(probs[path[-1]], 1, generator=generator))
             kids = ((tree.parents == path[-1]) & (tree.tokens == y)).nonzero().flatten()
             if not len(kids):
-                return Verdict(torch.tensor(path), y)
+                return Verdict(torch.tensor(path), y).leaf(tree)
             path.append(int(kids[0]))
 
 

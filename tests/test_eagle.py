@@ -109,12 +109,12 @@ def test_lossless_with_every_registered_policy(kind, target, checkpoints):
     policies = specframe.get_registry().names("policies")
     assert {"talon", "eagle"} <= set(policies)
     for policy in policies:
-        for fast in (False, True):  # the engine's reference path and its pre-allocated fast path
-            dec = specframe.SpecDecoder.build(target=target, drafter=(kind, {"path": str(checkpoints[kind])}),
-                                              policy=policy, fast=fast)
+        for preallocate in (False, True):  # a growing and a pre-allocated KV cache
+            dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                              drafter=(kind, {"path": str(checkpoints[kind])}), policy=policy)
             for prompt in ([7], [4, 9, 12, 30, 2, 17]):  # a 1-token prompt has no target feature yet
                 out = dec.generate(torch.tensor([prompt]), max_new_tokens=20, eos_token_id=None)
-                assert out.tokens == greedy_reference(target, prompt, 20), (kind, policy, fast, prompt)
+                assert out.tokens == greedy_reference(target, prompt, 20), (kind, policy, preallocate, prompt)
 
 
 @settings(deadline=None)

@@ -69,7 +69,7 @@ def test_prompt_plus_new_tokens_beyond_max_positions(target):
 
 
 @dataclass
-class _Opts:
+class _Opts(specframe.BudgetOptions):
     budget: int = 4
 
 
@@ -103,9 +103,51 @@ def _add(tree, parents, tokens):
          r"ranks has shape \(1,\), expected \(2,\)"),
     ],
 )
-@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
-def test_invalid_tree_from_a_policy_names_policy_and_invariant(target, make_tree, message, fast):
-    # The fast path checks validity on the device and reads the flag with the verdict.
-    dec = _build(target, policy=_BrokenPolicy(make_tree), fast=fast)
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "device-flag"])
+def test_invalid_tree_from_a_policy_names_policy_and_invariant(target, make_tree, message, strict):
+    # Strict mode checks the tree on the host before the target runs; otherwise the engine
+    # reads the device validity flag with the verdict and names the invariant all the same.
+    dec = _build(target, policy=_BrokenPolicy(make_tree), strict=strict)
     with pytest.raises(specframe.EngineError, match=f"policy 'broken' returned an invalid tree: .*{message}"):
         dec.generate([5, 6, 7], max_new_tokens=4)
+
+
+class _HostVerdictVerifier(specframe.Verifier):
+    """Returns the accepted path as a list, as a verifier written for the old API would."""
+
+    name = "host-verdict"
+
+    def verify(self, tree, target_logits, generator=None):
+        return [0], int(target_logits[0].argmax())
+
+
+class _OutOfRangeVerifier(specframe.Verifier):
+    """Returns a node the tree does not have."""
+
+    name = "out-of-range"
+
+    def verify(self, tree, target_logits, generator=None):
+        return torch.tensor(len(tree)), target_logits[0].argmax()
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "default"])
+def test_verifier_breaking_the_return_convention_is_named(target, strict):
+    dec = _build(target, policy="chain", verifier=_HostVerdictVerifier(None), strict=strict)
+    with pytest.raises(specframe.EngineError, match=r"verifier 'host-verdict' returned last=\[0\]: verify must "
+                                                    r"return .* two 0-dim integer tensors on the tree's device"):
+        dec.generate([5, 6, 7], max_new_tokens=4)
+
+
+def test_strict_mode_checks_the_verifiers_node_range(target):
+    dec = _build(target, policy="chain", verifier=_OutOfRangeVerifier(None), strict=True)
+    with pytest.raises(specframe.EngineError, match=r"verifier 'out-of-range' returned node \d+ of a \d+-node tree"):
+        dec.generate([5, 6, 7], max_new_tokens=4)
+
+
+def test_strict_mode_follows_the_environment(target, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_STRICT", "1")
+    assert _build(target).strict and not _build(target, strict=False).strict
+    monkeypatch.setenv("SPECFRAME_STRICT", "0")
+    assert not _build(target).strict and _build(target, strict=True).strict
+    monkeypatch.delenv("SPECFRAME_STRICT")
+    assert not _build(target).strict

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from specframe.config import load_config
-from specframe.experiment import ExperimentError, ModelPool, read_answers, run_experiment
+from specframe.experiment import ExperimentError, ModelPool, run_experiment
+from specframe.report import write_report
+from specframe.runs import AnswerRecord, RunDir, read_answers
 
 N_PROMPTS, MAX_NEW, GAMMA = 3, 12, 3
 SPEC_BENCH_TOP = {"question_id", "category", "model_id", "choices", "answer_id", "tstamp"}
@@ -69,10 +71,12 @@ def make_config(tmp_path):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """One uninterrupted run, shared by the tests that only read its files."""
+    """One uninterrupted run and its report, shared by the tests that only read its files."""
     tmp = tmp_path_factory.mktemp("full")
     cfg = load_config(make_config(tmp))
     outcome = run_experiment(cfg, progress=False)
+    assert not RunDir(outcome.out_dir).report.exists()  # the report is the CLI's (or the caller's) step
+    write_report(outcome.out_dir)
     return cfg, outcome
 
 
@@ -135,6 +139,14 @@ def test_numbers_are_consistent(full_run):
     assert set(arms["chain"]["categories"]) == {"a", "b"}
 
 
+def test_answer_records_round_trip_through_the_typed_record(full_run):
+    _, outcome = full_run
+    for arm in ("autoregressive", "chain"):
+        for r in records(outcome.out_dir, arm):
+            typed = AnswerRecord.from_dict(r)
+            assert typed.to_dict() == r and typed.arm == arm and typed.choice.new_tokens == [MAX_NEW]
+
+
 def test_recorded_trees_match_their_steps(full_run):
     _, outcome = full_run
     for r in records(outcome.out_dir, "chain"):
@@ -194,7 +206,8 @@ def test_resume_after_crash_recomputes_nothing(tmp_path, full_run):
         assert [r["choices"][0]["decoding_steps"] for r in mine] == [r["choices"][0]["decoding_steps"] for r in ref]
     totals = lambda s: {a["name"]: (a["overall"]["tokens"], a["overall"]["target_forwards"],  # noqa: E731
                                     a["overall"]["draft_forwards"]) for a in s["arms"]}
-    assert totals(outcome.summary) == totals(full_run[1].summary)
+    full_summary = json.loads(RunDir(full).summary.read_text())
+    assert totals(write_report(out, plots=False)) == totals(full_summary)
 
 
 def test_changed_settings_refuse_to_mix_with_old_answers(tmp_path):
@@ -312,6 +325,7 @@ def test_a_divergence_is_reported_with_the_targets_margin(tmp_path):
     answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
     outcome = run_experiment(load_config(cfg_path), progress=False)
     assert outcome.computed == 0
+    write_report(out)
     (div,) = json.loads((out / "divergences.json").read_text())
     assert (div["arm"], div["question_id"], div["position"]) == ("chain", rows[1]["question_id"], 4)
     assert div["margin"] >= 0

@@ -22,7 +22,7 @@ import specframe
 from specframe import plugins
 from specframe.cli import cli
 from specframe.errors import PluginWarning, SpecframeWarning
-from specframe.experiment import read_answers
+from specframe.runs import read_answers
 from specframe.runlock import DirectoryInUseError, RunLock
 from specframe.testing.models import tiny_model
 
@@ -255,7 +255,7 @@ def test_two_plugins_registering_one_name_is_one_line(fresh_registry):
 
 
 @dataclass
-class _BoomOptions:
+class _BoomOptions(specframe.BudgetOptions):
     budget: int = 4
 
 

@@ -1,8 +1,10 @@
-"""The engine's fast path reads from the device once per step; the counter can see more.
+"""The engine reads from the device once per step (outside strict mode); the counter can see more.
 
-A GPU waits for every queued kernel at each host read, so the fast path packs everything the
+A GPU waits for every queued kernel at each host read, so the engine packs everything the
 host needs from a verified step into one read. Policies and drafters are plugins whose own
-reads (e.g. TALON's per-layer widths) are theirs: the counter is paused inside them.
+reads (e.g. TALON's per-layer widths) are theirs: the counter is paused inside them. Strict
+mode (on in tests through SPECFRAME_STRICT) checks each tree on the host, so these decoders
+turn it off.
 """
 
 from __future__ import annotations
@@ -28,18 +30,20 @@ def _engine_reads(decoder: specframe.SpecDecoder, prompt: list[int]) -> tuple[in
 
 @pytest.mark.parametrize("policy", ["chain", "talon", "eagle"])
 @pytest.mark.parametrize("verifier", ["greedy", ("sampling", {"temperature": 0.8, "seed": 1})])
-def test_fast_step_reads_the_device_once(target, policy, verifier):
-    fast = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),
-                                       policy=policy, verifier=verifier, fast=True)
-    steps, reads = _engine_reads(fast, [5, 6, 7])
+@pytest.mark.parametrize("preallocate", [False, True], ids=["dynamic-cache", "preallocated"])
+def test_step_reads_the_device_once(target, policy, verifier, preallocate):
+    dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                      drafter=("model", {"model": target}), policy=policy, verifier=verifier,
+                                      strict=False)
+    steps, reads = _engine_reads(dec, [5, 6, 7])
     assert steps > 1
     assert reads == steps
 
 
-def test_counter_sees_the_reference_paths_reads(target):
-    ref = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),
-                                      policy="talon", fast=False)
-    steps, reads = _engine_reads(ref, [5, 6, 7])
+def test_counter_sees_strict_modes_reads(target):
+    strict = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),
+                                         policy="talon", strict=True)
+    steps, reads = _engine_reads(strict, [5, 6, 7])
     assert reads > 3 * steps
 
 
@@ -56,8 +60,8 @@ def test_counter_counts_each_kind_of_read():
 def test_sampled_tree_verification_adds_one_read_for_its_sibling_order(target):
     # Without-replacement children are decided rank by rank: the verifier reads the sibling
     # ranks once, so the step makes two reads in all.
-    fast = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),
-                                       policy="sampled-tree", verifier=("sampling", {"seed": 2}), fast=True)
-    steps, reads = _engine_reads(fast, [5, 6, 7])
+    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),
+                                      policy="sampled-tree", verifier=("sampling", {"seed": 2}), strict=False)
+    steps, reads = _engine_reads(dec, [5, 6, 7])
     assert steps > 1
     assert reads == 2 * steps

@@ -61,11 +61,11 @@ def test_greedy_output_equals_generate(policy, seed, noise, prompt, max_new, eos
     expected = _reference(target, prompt, max_new, eos)
     options = _policy_options(policy, data)
     for drafter in _drafter_specs(draft):
-        for fast in (False, True):  # reference path and the pre-allocated fast path
-            dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy=(policy, options),
-                                              fast=fast)
+        for preallocate in (False, True):  # a growing and a pre-allocated KV cache
+            dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                              drafter=drafter, policy=(policy, options))
             out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos)
-            assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, fast={fast}"
+            assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, preallocate={preallocate}"
             assert len(out.tokens) <= max_new
             assert sum(s.emitted for s in out.steps) == len(out.tokens)
             assert out.stopped_at_eos == (eos in out.tokens)
@@ -85,11 +85,12 @@ def test_auto_sizes_are_lossless(policy, seed, noise, prompt, max_new, eos):
     target, draft = _pair(seed, noise)
     expected = _reference(target, prompt, max_new, eos)
     for drafter in _drafter_specs(draft)[:2]:  # a model drafter and the n-gram drafter
-        for fast in (False, True):
-            dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy=policy, fast=fast)
+        for preallocate in (False, True):
+            dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                              drafter=drafter, policy=policy)
             for _ in range(2):
                 out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos)
-                assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, fast={fast}"
+                assert out.tokens == expected, f"drafter {drafter[0]}, policy {policy}, preallocate={preallocate}"
 
 
 def test_lossless_covers_drafts_that_are_accepted():

@@ -23,8 +23,8 @@ def run(name, drafter, budget=None, root=0, **opts):
     """(tree, session, drafted paths without the root token) for one build."""
     policy = make_plugin("policies", (name, opts))
     session = make_session(drafter, root_token=root)
-    tree = policy.build(session, budget or policy.budget)
-    tree.check_valid(budget or policy.budget)
+    tree = policy.build(session, budget or policy.max_budget)
+    tree.check_valid(budget or policy.max_budget)
     return tree, session, [p[1:] for p in paths_of(tree, range(len(tree)))]
 
 

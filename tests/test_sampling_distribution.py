@@ -37,8 +37,7 @@ import specframe
 from specframe.engine import make_plugin
 from specframe.testing.models import perturbed_copy, tiny_model
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
-from specframe.interfaces import Verdict
-from specframe.verifiers.sampling import SamplingVerifier, sample_accept_batch, target_probs
+from specframe.verifiers.sampling import SamplingVerifier, sample_accept_batch, sampling_inputs, target_probs
 
 pytestmark = pytest.mark.statistical
 
@@ -145,7 +144,7 @@ def _drafted(name: str, options: tuple) -> list[tuple]:
     not depend on the target's warping; each case still draws fresh uniforms."""
     policy = make_plugin("policies", (name, dict(options)))
     gen = torch.Generator().manual_seed(_seed("draft", name, options))
-    budget = min(BUDGET, policy.budget)
+    budget = min(BUDGET, policy.max_budget)
     first = policy.build(make_session(DRAFT, ROOT, generator=gen), budget)
     if first.drafting == "deterministic":
         tokens = first.tokens.expand(SAMPLES, -1)
@@ -297,10 +296,11 @@ E2E_CASES = [
 class NoResidualVerifier(SamplingVerifier):
     """``broken_decide`` inside the engine (for the engine-level power test)."""
 
-    def decide(self, tree, probs, uniforms):
+    def verify(self, tree, target_logits, generator=None):
+        gen = generator if generator is not None else self.generator
+        probs, uniforms = sampling_inputs(tree, target_logits, self.options, gen)
         last, bonus = broken_decide(tree, probs, uniforms[None])
-        return Verdict(accepted_path=torch.nonzero(tree.ancestor_mask()[int(last[0])]).flatten(),
-                       bonus_token=int(bonus[0]))
+        return last[0].to(tree.device), bonus[0].to(tree.device)
 
 
 def run_engine_case(arm, warp_name: str, verifier=None):

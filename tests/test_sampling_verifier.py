@@ -18,12 +18,10 @@ import specframe
 from specframe.engine import make_plugin
 from specframe.testing.distribution import hf_warped_scores
 from specframe.testing.models import perturbed_copy, tiny_model
+from specframe.testing.reference import SamplingReferenceVerifier, Verdict, decide, sample_accept_reference
 from specframe.testing.strategies import draft_trees
 from specframe.testing.synthetic import SyntheticDrafter, make_session
-from specframe.verifiers.sampling import (
-    MissingDraftProbsError, SamplingReferenceVerifier, sample_accept, sample_accept_batch,
-    sample_accept_reference, target_probs, warp_logits,
-)
+from specframe.verifiers.sampling import MissingDraftProbsError, sample_accept_batch, target_probs, warp_logits
 
 MODES = ("deterministic", "iid", "without_replacement")
 VOCAB = 8
@@ -37,6 +35,12 @@ def test_warping_equals_transformers_warpers(seed, temperature, top_k, top_p, ti
     if ties:
         logits = logits.round()  # many exact ties at the top-k / top-p boundaries
     assert torch.equal(warp_logits(logits, temperature, top_k, top_p), hf_warped_scores(logits, temperature, top_k, top_p))
+
+
+def sample_accept(tree, probs, uniforms):
+    """The vectorised decision for one draw, read back as a host verdict."""
+    last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
+    return Verdict.from_leaf(tree, last[0], bonus[0])
 
 
 def _random_case(tree, mode, seed, sparse):
@@ -63,6 +67,18 @@ def test_fast_takes_the_reference_decisions(tree, mode, seed, sparse):
     assert path == tree.path_to(path[-1])
     assert all(probs[tree.parents[i], tree.tokens[i]] > 0 for i in path[1:])
     assert probs[path[-1], fast.bonus_token] > 0
+
+
+@given(tree=draft_trees(max_nodes=16, vocab_size=VOCAB), mode=st.sampled_from(MODES), seed=st.integers(0, 2**31 - 1))
+def test_verifier_and_reference_verifier_agree(tree, mode, seed):
+    """The plugin's one entry point, ``verify``, decides as the reference verifier from the
+    same generator state (same warping, same uniforms, same decisions)."""
+    tree, _, _ = _random_case(tree, mode, seed, sparse=False)
+    logits = torch.randn(len(tree), VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+    verifier = make_plugin("verifiers", ("sampling", {"temperature": 0.8, "top_p": 0.9}))
+    fast = decide(verifier, tree, logits, torch.Generator().manual_seed(seed + 1))
+    ref = decide(SamplingReferenceVerifier(verifier.options), tree, logits, torch.Generator().manual_seed(seed + 1))
+    assert (fast.accepted_path.tolist(), fast.bonus_token) == (ref.accepted_path.tolist(), ref.bonus_token)
 
 
 @given(tree=draft_trees(max_nodes=16, vocab_size=VOCAB), mode=st.sampled_from(MODES), seed=st.integers(0, 2**31 - 1))

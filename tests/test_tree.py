@@ -64,6 +64,40 @@ def test_select_keeps_an_ancestor_closed_subtree(tree, data):
     assert old_paths == new_paths
 
 
+def _closed_subset(tree, picked):
+    keep = {0}
+    for node in picked:
+        keep |= set(tree.path_to(node))
+    return sorted(keep)
+
+
+@given(draft_trees(max_nodes=40), st.data())
+def test_select_keeps_node_identity_through_repeated_selects(tree, data):
+    """``origins()`` maps every node of a (repeatedly) selected tree to the node of the
+    original tree it is: same token, same depth, and parents map to parents."""
+    assert tree.origin is None and tree.origins().tolist() == list(range(len(tree)))
+    sub = tree
+    for _ in range(data.draw(st.integers(1, 3), label="selects")):
+        picked = data.draw(st.lists(st.integers(0, len(sub) - 1), max_size=8))
+        before = sub.origins().tolist()
+        keep = _closed_subset(sub, picked)
+        sub = sub.select(torch.tensor(keep))
+        assert sub.origins().tolist() == [before[k] for k in keep]  # composition
+    origin = sub.origins().tolist()
+    assert origin[0] == 0 and origin == sorted(origin)
+    assert sub.tokens.tolist() == tree.tokens[origin].tolist()
+    assert sub.depths.tolist() == tree.depths[origin].tolist()
+    for i in range(1, len(sub)):
+        assert origin[int(sub.parents[i])] == int(tree.parents[origin[i]])
+    # A path of the selected tree is the same path of the original.
+    for i in range(len(sub)):
+        assert [origin[j] for j in sub.path_to(i)] == tree.path_to(origin[i])
+    # Nodes appended after a select have no origin (-1); earlier nodes keep theirs.
+    grown = sub.add_nodes(torch.tensor([0]), torch.tensor([int(sub.tokens.max()) + 1]), torch.tensor([-1.0]))
+    assert grown.origins().tolist() == origin + [-1]
+    grown.check_valid()
+
+
 def _tree(parents, tokens, depths):
     n = len(parents)
     return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),

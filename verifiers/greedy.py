@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specframe.interfaces import Verdict, Verifier
+from specframe.interfaces import Verifier
 from specframe.tree import DraftTree
 
 
@@ -14,7 +14,7 @@ def greedy_leaf(tree: DraftTree, target_logits: torch.Tensor) -> tuple[torch.Ten
     A node is on the accepted path iff every node on its root path (root excluded) carries
     the target's argmax at its parent. Siblings have distinct tokens, so accepted nodes form
     one path; its deepest node's argmax is the bonus token. The slow, literal reference is
-    ``specframe.testing.harness.greedy_walk`` (property-tested against this in tests/test_greedy.py).
+    ``specframe.testing.reference.greedy_walk`` (property-tested against this in tests/test_greedy.py).
     """
     argmax = target_logits.argmax(dim=-1).to(tree.device)
     match = tree.tokens == argmax[tree.parents.clamp(min=0)]
@@ -25,11 +25,6 @@ def greedy_leaf(tree: DraftTree, target_logits: torch.Tensor) -> tuple[torch.Ten
     return last, argmax[last]
 
 
-def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """:func:`greedy_leaf` as a :class:`Verdict` (root-to-leaf path on the host)."""
-    return Verdict.from_leaf(tree, *greedy_leaf(tree, target_logits))
-
-
 class GreedyVerifier(Verifier):
     """Lossless with respect to greedy decoding of the target."""
 
@@ -37,10 +32,8 @@ class GreedyVerifier(Verifier):
     lossless = True
     sampling = False
 
-    def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator=None) -> Verdict:
-        """Follow the target's argmax down the tree."""
-        return greedy_accept(tree, target_logits)
-
-    def accept_leaf(self, tree: DraftTree, target_logits: torch.Tensor, generator=None):
+    def verify(
+        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Follow the target's argmax down the tree without leaving the device."""
         return greedy_leaf(tree, target_logits)

@@ -20,7 +20,8 @@ with residual R, the i-th child c_i was proposed from a distribution q_i and is 
 Randomness is drawn up front as ``len(tree)`` uniforms: ``u[i]`` (i >= 1) is node i's
 acceptance draw and ``u[0]`` (the root needs no test) picks the bonus token by inverse CDF.
 Each node is tested at most once, so the draws are independent where they are used, and the
-fast and reference verifiers can be fed the same numbers and must then take the same decisions.
+vectorised verifier here and the literal walk ``specframe.testing.reference.sample_accept_reference``
+can be fed the same numbers and must then take the same decisions (tests/test_sampling_verifier.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specframe import rng
-from specframe.interfaces import Verdict, Verifier
+from specframe.interfaces import Verifier
 from specframe.options import require
 from specframe.tree import DRAFTING_MODES, DraftTree
 
@@ -156,11 +157,16 @@ def _renormalise(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, rows / total.clamp(min=torch.finfo(rows.dtype).tiny), fallback)
 
 
-# ---------------------------------------------------------------------------- fast verifier
-def sample_accept(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-    """Vectorised tree speculative sampling given warped target ``probs`` [n, V] and ``uniforms`` [n]."""
-    last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
-    return Verdict.from_leaf(tree, last[0], bonus[0])
+# ---------------------------------------------------------------------------- decision
+def sampling_inputs(
+    tree: DraftTree, target_logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What one verification decides from: the warped target distribution ``[n, V]`` (float64)
+    and ``len(tree)`` uniforms from ``generator`` (None: torch's global one), u[0] for the
+    bonus token and u[i] for node i. Reference verifiers draw through this too, so that with
+    the same generator state they see the same numbers as :class:`SamplingVerifier`."""
+    probs = target_probs(target_logits, options)
+    return probs, rng.uniforms(len(tree), generator, probs.device)
 
 
 def sample_accept_batch(
@@ -286,59 +292,7 @@ def _decide_sampled(
     return accepted_child, residual
 
 
-# ---------------------------------------------------------------------------- reference
-def sample_accept_reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-    """Slow, literal walk of the acceptance table in docs/sampling.md (the reference for :func:`sample_accept`)."""
-    mode = tree.drafting
-    q_all = proposals(tree, probs.shape[1])
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    u = [float(x) for x in uniforms.tolist()]
-    node, path = 0, [0]
-    while True:
-        R = [float(x) for x in probs[node].tolist()]  # fresh target distribution at this node
-        q = None if q_all is None else [float(x) for x in q_all[node].tolist()]
-        next_node = None
-        for child in [i for i in range(len(tokens)) if parents[i] == node]:  # tree order
-            c = tokens[child]
-            if mode == "deterministic":
-                accept_probability = R[c]
-            elif q[c] > 0:
-                accept_probability = min(1.0, R[c] / q[c])
-            else:
-                accept_probability = 1.0 if R[c] > 0 else 0.0
-            if u[child] < accept_probability:
-                next_node = child
-                break
-            if mode == "deterministic":
-                new_R = list(R)
-                new_R[c] = 0.0
-            else:
-                new_R = [max(0.0, r - p) for r, p in zip(R, q)]
-            if sum(new_R) > 0:
-                R = [r / sum(new_R) for r in new_R]
-            if mode == "without_replacement":
-                new_q = list(q)
-                new_q[c] = 0.0
-                if sum(new_q) > 0:
-                    q = [p / sum(new_q) for p in new_q]
-        if next_node is None:
-            return Verdict(accepted_path=torch.tensor(path, dtype=torch.long), bonus_token=_draw(R, u[0]))
-        node = next_node
-        path.append(node)
-
-
-def _draw(dist: list[float], u: float) -> int:
-    """Inverse-CDF draw from an unnormalised list (first token whose running mass exceeds u*total)."""
-    target = u * sum(dist)
-    running = 0.0
-    for token, mass in enumerate(dist):
-        running += mass
-        if running > target:
-            return token
-    return max(t for t, mass in enumerate(dist) if mass > 0)
-
-
-# ---------------------------------------------------------------------------- plugins
+# ---------------------------------------------------------------------------- plugin
 class SamplingVerifier(Verifier):
     """Lossless in distribution: emits tokens distributed as the warped target's samples."""
 
@@ -351,39 +305,16 @@ class SamplingVerifier(Verifier):
         super().__init__(options)
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
 
-    def decide(self, tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-        """The decision given warped target probabilities and pre-drawn uniforms."""
-        return sample_accept(tree, probs, uniforms)
-
-    def verify(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-        """Warp the target logits, draw ``len(tree)`` uniforms and decide.
+    def verify(
+        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Warp the target logits, draw ``len(tree)`` uniforms and decide every node at once on
+        the device (:func:`sample_accept_batch` with one draw).
 
         Randomness: ``generator`` if given, else the verifier's own (``seed`` option), else
         torch's global generator.
         """
-        probs, uniforms = self._inputs(tree, target_logits, generator)
-        return self.decide(tree, probs, uniforms)
-
-    def accept_leaf(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None):
-        """:meth:`verify`'s decision (same randomness) as device tensors (last node, bonus)."""
-        probs, uniforms = self._inputs(tree, target_logits, generator)
+        gen = generator if generator is not None else self.generator
+        probs, uniforms = sampling_inputs(tree, target_logits, self.options, gen)
         last, bonus = sample_accept_batch(tree, probs, uniforms.reshape(1, -1))
         return last[0], bonus[0]
-
-    def _inputs(self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None):
-        probs = target_probs(target_logits, self.options)
-        gen = generator if generator is not None else self.generator
-        return probs, rng.uniforms(len(tree), gen, probs.device)  # u[0]: bonus; u[i]: node i
-
-
-class SamplingReferenceVerifier(SamplingVerifier):
-    """The same verifier running the slow reference walk (not registered; pass an instance)."""
-
-    name = "sampling-reference"
-
-    def decide(self, tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-        """The reference decision given the same inputs as :meth:`SamplingVerifier.decide`."""
-        return sample_accept_reference(tree, probs, uniforms)
-
-    # The reference walk decides on the host: derive the device form from it, not the fast kernel.
-    accept_leaf = Verifier.accept_leaf

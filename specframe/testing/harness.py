@@ -98,18 +98,6 @@ def begin_generation(drafter: Drafter, target: TargetModel, committed: list[int]
     drafter.begin(prompt, target_hidden=hidden)
 
 
-def greedy_walk(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Literal greedy verification: accepted node path (root first) and the bonus token."""
-    argmax = logits.argmax(dim=-1).tolist()
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    path = [0]
-    while True:
-        nxt = [i for i in range(len(tokens)) if parents[i] == path[-1] and tokens[i] == argmax[path[-1]]]
-        if not nxt:
-            return path, argmax[path[-1]]
-        path.append(nxt[0])
-
-
 def grow_tree(session: DraftSession, widths: list[int]) -> tuple[DraftTree, dict[int, torch.Tensor]]:
     """A tree of one expanded layer per entry of ``widths`` (top-w finite children per node)."""
     tree, frontier, rows = session.new_tree(), [0], {}

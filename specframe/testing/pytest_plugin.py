@@ -10,6 +10,9 @@ It provides:
   test of a conformance class, so ``-m conformance`` / ``-m "not conformance"`` select them);
 * ``--conformance-examples N``: Hypothesis examples per conformance property (same as
   ``SPECFRAME_CONFORMANCE_EXAMPLES=N``);
+* strict mode for every decoder the tests build: ``SPECFRAME_STRICT=1`` for the run, unless
+  the environment already sets it (``SPECFRAME_STRICT=0 pytest`` runs the engine as users do),
+  so each tree is checked in full before the target runs (``SpecDecoder(strict=...)``);
 * the fixtures of :mod:`specframe.testing.fixtures` (``specframe_tiny_target``,
   ``specframe_target_model``, ``specframe_close_draft``, ``specframe_synthetic_drafter``);
 * a report-header line saying how many examples each property runs.
@@ -25,6 +28,8 @@ from .fixtures import (  # noqa: F401  (re-exported as fixtures)
 )
 
 EXAMPLES_VARIABLE = "SPECFRAME_CONFORMANCE_EXAMPLES"
+#: ``specframe.contract.STRICT_VARIABLE``, spelled out: importing the core would import torch.
+STRICT_VARIABLE = "SPECFRAME_STRICT"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -36,7 +41,11 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    """Register the markers; export ``--conformance-examples`` before test modules import the suite."""
+    """Register the markers; export ``--conformance-examples`` before test modules import the
+    suite, and strict mode before any test builds a decoder."""
+    if STRICT_VARIABLE not in os.environ:
+        config._specframe_set_strict = True
+        os.environ[STRICT_VARIABLE] = "1"
     config.addinivalue_line("markers", "statistical: slow distribution tests of verifiers")
     config.addinivalue_line("markers", "conformance: a property of the specframe conformance suite")
     examples = config.getoption("conformance_examples", None)
@@ -46,7 +55,9 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    """Restore the environment changed by ``--conformance-examples``."""
+    """Restore the environment changed by ``--conformance-examples`` and strict mode."""
+    if getattr(config, "_specframe_set_strict", False):
+        os.environ.pop(STRICT_VARIABLE, None)
     if hasattr(config, "_specframe_saved_examples"):
         saved = config._specframe_saved_examples
         if saved is None:

@@ -9,14 +9,14 @@ from specframe.options import require
 
 
 @dataclass
-class WideTreeOptions:
+class WideTreeOptions(specframe.BudgetOptions):
     """Options of ``widetree``: ``budget`` = tree size with the root, ``width`` = nodes per layer."""
 
     budget: int = 32
     width: int = 8
 
     def __post_init__(self) -> None:
-        require(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
+        super().__post_init__()  # BudgetOptions checks the budget
         require(self.width >= 1, "width", f"must be >= 1, got {self.width}")
 
 
@@ -29,7 +29,6 @@ class WideTreePolicy(specframe.TreePolicy):
     def build(self, session, budget):
         tree = session.new_tree()
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)    # start at the root
-        budget = min(budget, self.budget)
         while len(tree) < budget:
             logp = session.expand(tree, frontier)                             # ONE draft forward per layer
             k = min(self.options.width, budget - len(tree))

@@ -204,8 +204,8 @@ def _lr(cfg: TrainConfig, step: int, frac: float) -> float:
 def _load_target(cfg: TrainConfig) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
-    from .assets import resolve_model_path
-    from .target import load_causal_lm
+    from specframe.assets import resolve_model_path
+    from specframe.target import load_causal_lm
 
     path = resolve_model_path(cfg.target)
     model = load_causal_lm(path, dtype="float32", device=cfg.device, attn_implementation="sdpa")
@@ -215,7 +215,7 @@ def _load_target(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def _new_head(cfg: TrainConfig, model: Any, stream: torch.Tensor) -> Any:
-    from specframe.drafters.eagle_checkpoint import random_head, set_draft_vocab
+    from .eagle_checkpoint import random_head, set_draft_vocab
 
     vocab = int(model.get_output_embeddings().weight.shape[0])
     dv = cfg.draft_vocab_size or (vocab if vocab <= 4096 else min(vocab, 32000))
@@ -248,7 +248,7 @@ def _copy_target_output_layer(head: Any, model: Any) -> None:
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Run (or resume) training; write the head to ``cfg.out``; return a summary dict."""
-    from specframe.drafters.eagle_checkpoint import save_head
+    from .eagle_checkpoint import save_head
 
     torch.manual_seed(cfg.seed)
     model, tokenizer = _load_target(cfg)

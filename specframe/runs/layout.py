@@ -1,0 +1,94 @@
+"""Every file and directory name of a run directory, in one place.
+
+```
+<run dir>/
+  run.json              RUN_FILE: settings fingerprint, arm definitions, greedy flags (resume checks)
+  answers/<arm>.jsonl   ANSWERS_DIR: one answer record per line, append-only
+  divergences.json      DIVERGENCES_FILE: where greedy arms left the autoregressive answers
+  summary.json          SUMMARY_FILE: every metric (written by the report)
+  report.md             REPORT_FILE: tables and figures (written by the report)
+  plots/*.png           PLOTS_DIR: the report's figures
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_FILE = "run.json"
+ANSWERS_DIR = "answers"
+ANSWERS_SUFFIX = ".jsonl"
+DIVERGENCES_FILE = "divergences.json"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOTS_DIR = "plots"
+
+
+def slugify(name: str) -> str:
+    """``talon[mu=0.01,budget=32]`` -> ``talon.mu=0.01.budget=32`` (safe as a file name)."""
+    text = name.replace("[", ".").replace(",", ".").replace("]", "")
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", text)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (nothing is created until something writes)."""
+
+    path: Path  # a str or PathLike is turned into a Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def run_file(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def answers_dir(self) -> Path:
+        return self.path / ANSWERS_DIR
+
+    def answers(self, arm: str) -> Path:
+        """The answers file of the arm called ``arm``."""
+        return self.answers_dir / f"{slugify(arm)}{ANSWERS_SUFFIX}"
+
+    @property
+    def divergences(self) -> Path:
+        return self.path / DIVERGENCES_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT_FILE
+
+    @property
+    def plots(self) -> Path:
+        return self.path / PLOTS_DIR
+
+    def is_run(self) -> bool:
+        """True when the directory holds a run (its run file)."""
+        return self.run_file.is_file()
+
+    def discard(self) -> None:
+        """Remove what a run and its report write (answers, run file, summary, report, plots,
+        divergences), nothing else."""
+        for d in (self.answers_dir, self.plots):
+            if d.is_dir():
+                shutil.rmtree(d)
+        for f in (self.run_file, self.summary, self.report, self.divergences):
+            f.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON atomically (a crash leaves the old file or the new one)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=indent), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,212 @@
+"""Layer rules of the source tree, read statically with ``ast``.
+
+Every import counts: module-level and inside functions (a lazy import is still a dependency),
+absolute and relative. docs/architecture.md shows the same table.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+REPO = Path(__file__).resolve().parent.parent
+#: installed package -> source folder (pyproject.toml's package-dir)
+SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
+           "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
+PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
+HARNESS = ("specframe.config", "specframe.experiment", "specframe.runs", "specframe.metrics", "specframe.report",
+           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock")
+
+#: THE rules: layer -> what its modules may import (besides the standard library and third parties).
+#: "core" counts only public modules for plugins: no ``_private`` module, no harness, no CLI.
+RULES = {
+    "core": {"core"},                                         # specframe/*.py not listed below
+    "plugin": {"public core", "own package"},                 # strategies/ drafters/ verifiers/
+    "harness": {"core", "harness"},                           # HARNESS: TOML -> answers -> summary
+    "cli": {"core", "harness", "cli"},                        # specframe/cli.py
+    "testing": {"core", "plugin", "testing"},                 # specframe/testing/ (the kit)
+}
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def layer_of(module: str) -> str:
+    """The layer of a ``specframe...`` module name."""
+    if _under(module, PLUGIN_PACKAGES):
+        return "plugin"
+    if _under(module, ("specframe.testing",)):
+        return "testing"
+    if module == "specframe.cli":
+        return "cli"
+    return "harness" if _under(module, HARNESS) else "core"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's dependency: ``importer`` needs ``module`` (``line`` of ``path``)."""
+
+    importer: str
+    module: str
+    path: Path
+    line: int
+    typing_only: bool  # under ``if TYPE_CHECKING:``: a layer dependency, but no runtime cycle
+
+
+def modules(root: Path, sources: dict[str, str] = SOURCES) -> dict[str, Path]:
+    """Every module name under ``root`` -> its file."""
+    out = {}
+    for package, folder in sources.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = list(path.relative_to(root / folder).with_suffix("").parts)
+            if package == "specframe" and parts[0] == "assets" and len(parts) > 1:  # shipped data
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _typing_only_nodes(tree: ast.AST) -> set[int]:
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return guarded
+
+
+def imports(root: Path, sources: dict[str, str] = SOURCES) -> tuple[list[Import], list[str]]:
+    """Every import of a ``specframe`` module in the tree, and the imports that name no module."""
+    known = modules(root, sources)
+    found, unknown = [], []
+    for importer, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        typing_only = _typing_only_nodes(tree)
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                # ``from pkg import sub`` needs pkg.sub when that is a module, else pkg itself
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            else:
+                continue
+            for target in dict.fromkeys(targets):
+                if not _under(target, ("specframe",)):
+                    continue
+                if target not in known:
+                    unknown.append(f"{path.relative_to(root)}:{node.lineno}: {importer} imports {target}, "
+                                   "which is no module of the tree")
+                    continue
+                found.append(Import(importer, target, path, node.lineno, id(node) in typing_only))
+    return found, unknown
+
+
+def allowed(importer: str, module: str) -> bool:
+    """Whether RULES let ``importer`` import ``module``."""
+    if importer == module:
+        return True
+    have, want = layer_of(importer), layer_of(module)
+    rules = RULES[have]
+    if have == "plugin":
+        own = next(p for p in PLUGIN_PACKAGES if _under(importer, (p,)))
+        if _under(module, (own,)):
+            return "own package" in rules
+        private = any(part.startswith("_") for part in module.split("."))
+        return want == "core" and not private and "public core" in rules
+    return want in rules
+
+
+def violations(root: Path, sources: dict[str, str] = SOURCES) -> list[str]:
+    """Every broken layer rule and every import cycle among specframe/ modules, one line each."""
+    found, problems = imports(root, sources)
+    for imp in found:
+        if not allowed(imp.importer, imp.module):
+            problems.append(f"{imp.path.relative_to(root)}:{imp.line}: {imp.importer} ({layer_of(imp.importer)}) "
+                            f"imports {imp.module} ({layer_of(imp.module)})")
+    graph = nx.DiGraph((i.importer, i.module) for i in found
+                       if not i.typing_only and i.importer != i.module and not _under(i.importer, PLUGIN_PACKAGES))
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            cycle = [a for a, _b in nx.find_cycle(graph.subgraph(component))]
+            problems.append("import cycle: " + " -> ".join(cycle + cycle[:1]))
+    return problems
+
+
+# ---------------------------------------------------------------------- the real tree
+def test_the_source_tree_keeps_the_layer_rules():
+    found, _unknown = imports(REPO)
+    assert len(found) > 100 and {layer_of(i.importer) for i in found} == set(RULES)  # not vacuous
+    problems = violations(REPO)
+    assert not problems, "layer rules broken (see tests/test_imports.py RULES):\n" + "\n".join(problems)
+
+
+def test_train_eagle_comes_from_the_drafters_plugin_hook():
+    """The CLI imports no command by name: ``train-eagle`` arrives through ``register_commands``."""
+    import click
+    from click.testing import CliRunner
+
+    import specframe
+
+    group = click.Group("specframe")
+    specframe.get_registry().register_commands(group)
+    assert group.commands["train-eagle"].callback.__module__ == "specframe.drafters.eagle_train"
+    result = CliRunner().invoke(group, ["train-eagle", "--help"])
+    assert result.exit_code == 0 and "--draft-vocab-size" in result.output
+
+
+# ---------------------------------------------------------------------- the checker can fail
+FAKE_TREE = {
+    "specframe/__init__.py": "",
+    "specframe/tree.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import lazy\nX = 1\n",
+    "specframe/_private.py": "",
+    "specframe/engine.py": "from .tree import X\n\ndef lazy():\n    from specframe.drafters.fast import F\n",
+    "specframe/report.py": "from . import metrics\n",
+    "specframe/metrics.py": "def load():\n    from .report import render\n",
+    "specframe/experiment.py": "import specframe.testing.models\nfrom .engine import lazy\n",
+    "specframe/cli.py": "from specframe.experiment import run\n",
+    "specframe/testing/__init__.py": "",
+    "specframe/testing/models.py": "from specframe.drafters.fast import F\n",
+    "drafters/__init__.py": "from . import fast\n",
+    "drafters/fast.py": ("from specframe.tree import X\nfrom specframe import _private\n\ndef f():\n"
+                         "    from specframe.strategies.chain import C\n    from specframe.cli import cli\n"
+                         "    from .gone import G\n"),
+    "strategies/__init__.py": "",
+    "strategies/chain.py": "from specframe.engine import lazy\n",
+    "verifiers/__init__.py": "",
+}
+
+
+def test_the_checker_finds_injected_violations(tmp_path):
+    for name, text in FAKE_TREE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    problems = violations(tmp_path)
+    report = "\n".join(problems)
+    expected = [
+        "specframe.engine (core) imports specframe.drafters.fast (plugin)",         # lazy, inside a function
+        "import cycle: ",                                                            # report <-> metrics (lazy)
+        "specframe.experiment (harness) imports specframe.testing.models (testing)",
+        "specframe.drafters.fast (plugin) imports specframe._private (core)",       # not public
+        "specframe.drafters.fast (plugin) imports specframe.strategies.chain (plugin)",  # another plugin
+        "specframe.drafters.fast (plugin) imports specframe.cli (cli)",
+        "imports specframe.drafters.gone, which is no module of the tree",          # a broken relative import
+    ]
+    for line in expected:
+        assert line in report, f"missing {line!r} in:\n{report}"
+    cycle = next(p for p in problems if p.startswith("import cycle"))
+    assert set(cycle.removeprefix("import cycle: ").split(" -> ")) == {"specframe.report", "specframe.metrics"}
+    # what the rules allow stays quiet: cli -> harness, harness -> core, testing -> plugin,
+    # plugin -> public core and own package; tree <-> engine is no cycle (TYPE_CHECKING only)
+    for quiet in ("specframe.cli (cli) imports", "specframe.testing.models (testing) imports", "imports specframe.tree",
+                  "specframe.drafters (plugin) imports", "specframe.strategies.chain (plugin) imports"):
+        assert quiet not in report, f"{quiet!r} was flagged:\n{report}"
+    assert len(problems) == len(expected)
