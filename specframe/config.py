@@ -156,8 +156,23 @@ class OutputConfig:
         _at_least(self, trees_per_answer=0)
 
 
-@dataclass
-class ExperimentConfig:
+@dataclass(kw_only=True)
+class RunSettings:
+    """The top-level scalar settings of an experiment file, with their defaults and checks."""
+
+    max_new_tokens: int = 128
+    warmup: int = 1
+    repeats: int = 1
+    seed: int = 0
+    stop_at_eos: bool = True
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1)
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig(RunSettings):
     """A whole validated experiment."""
 
     name: str
@@ -167,12 +182,6 @@ class ExperimentConfig:
     output: OutputConfig
     models: dict[str, ModelSpec] = field(default_factory=dict)
     drafter: PluginRef | None = None
-    max_new_tokens: int = 128
-    warmup: int = 1
-    repeats: int = 1
-    seed: int = 0
-    stop_at_eos: bool = True
-    threads: int | None = None
     source: Path | None = None
 
     def arm(self, name: str) -> ArmConfig:
@@ -193,26 +202,17 @@ class ExperimentConfig:
         })
 
 
-@dataclass
-class _File:
+@dataclass(kw_only=True)
+class _File(RunSettings):
     """The top level of an experiment file as written (its tables are parsed separately)."""
 
     target: dict = field(metadata={"help": "the [target] table"})
     arm: list = field(metadata={"help": "one [[arm]] table per arm"})
     data: dict = field(metadata={"help": "the [data] table"})
     name: str = "experiment"
-    max_new_tokens: int = 128
-    warmup: int = 1
-    repeats: int = 1
-    seed: int = 0
-    stop_at_eos: bool = True
-    threads: int | None = None
     models: dict = field(default_factory=dict)
     drafter: dict | None = None
     output: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1)
 
 
 @dataclass

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,42 +35,24 @@ def slugify(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", text)
 
 
-@dataclass(frozen=True)
 class RunDir:
     """The paths of one run directory (nothing is created until something writes)."""
 
-    path: Path  # a str or PathLike is turned into a Path
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.run_file = self.path / RUN_FILE
+        self.answers_dir = self.path / ANSWERS_DIR
+        self.divergences = self.path / DIVERGENCES_FILE
+        self.summary = self.path / SUMMARY_FILE
+        self.report = self.path / REPORT_FILE
+        self.plots = self.path / PLOTS_DIR
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-
-    @property
-    def run_file(self) -> Path:
-        return self.path / RUN_FILE
-
-    @property
-    def answers_dir(self) -> Path:
-        return self.path / ANSWERS_DIR
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
 
     def answers(self, arm: str) -> Path:
         """The answers file of the arm called ``arm``."""
         return self.answers_dir / f"{slugify(arm)}{ANSWERS_SUFFIX}"
-
-    @property
-    def divergences(self) -> Path:
-        return self.path / DIVERGENCES_FILE
-
-    @property
-    def summary(self) -> Path:
-        return self.path / SUMMARY_FILE
-
-    @property
-    def report(self) -> Path:
-        return self.path / REPORT_FILE
-
-    @property
-    def plots(self) -> Path:
-        return self.path / PLOTS_DIR
 
     def is_run(self) -> bool:
         """True when the directory holds a run (its run file)."""
