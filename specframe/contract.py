@@ -68,7 +68,7 @@ def checked_decision(verifier: str, tree: DraftTree, decision: Any, vocab_size: 
     else:
         for what, value in zip(("last", "bonus"), decision):
             if not (isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point()
-                    and value.device == tree.device):
+                    and not value.is_complex() and value.device == tree.device):
                 problem = f"returned {what}={value!r}"
                 break
         if problem is None and strict:

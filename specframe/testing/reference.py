@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specframe.contract import checked_decision
 from specframe.interfaces import Verifier
 from specframe.step_read import StepRead
 from specframe.tree import DraftTree
@@ -53,16 +54,12 @@ def decide(verifier: Verifier, tree: DraftTree, target_logits: torch.Tensor,
            generator: torch.Generator | None = None) -> Verdict:
     """Run ``verifier.verify`` and read its decision back as a :class:`Verdict`.
 
-    Checks the return convention on the way: two 0-dim integer tensors on ``tree.device``.
+    Checks the return convention on the way, as the strict engine does
+    (:func:`specframe.contract.checked_decision`): two 0-dim integer tensors on ``tree.device``,
+    a node of the tree and a token of the logits' vocabulary.
     """
-    out = verifier.verify(tree, target_logits, generator)
-    assert isinstance(out, tuple) and len(out) == 2, (
-        f"verify returned {type(out).__name__}, not a (last, bonus) pair of 0-dim tensors")
-    for what, value in zip(("last", "bonus"), out):
-        assert isinstance(value, torch.Tensor) and value.dim() == 0, (
-            f"verify's {what} is {value!r}: expected a 0-dim tensor")
-        assert not value.is_floating_point() and not value.is_complex(), f"verify's {what} has dtype {value.dtype}"
-        assert value.device == tree.device, f"verify's {what} is on {value.device}, the tree on {tree.device}"
+    out = checked_decision(verifier.name, tree, verifier.verify(tree, target_logits, generator),
+                           target_logits.shape[-1], strict=True)
     return Verdict.from_leaf(tree, *out)
 
 
