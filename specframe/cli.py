@@ -278,16 +278,18 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--reps", type=int, default=7, show_default=True, help="Timed runs per point (median).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG to write (default: beside the cached curve).")
-@click.option("--packed-linears", is_flag=True, help="Measure with MKL-packed float32 CPU linears (as [target] packed_linears).")
+@click.option("--packed-linears", type=click.Choice(["auto", "onednn", "mkl"]), is_flag=False, flag_value="auto",
+              default=None, help="Measure with fast small-batch float32 CPU linears, as [target] packed_linears "
+                                 "(alone: auto, the faster kernel on this CPU).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
-                    cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: bool) -> None:
+                    cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies."""
     from . import profile
 
     curve, path, png = profile.profile_model(
         model, dtype, device, threads, profile.parse_ints(sizes, profile.FULL_SIZES),
-        profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS), reps, plot_path, packed_linears)
+        profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS), reps, plot_path, packed_linears or False)
     click.echo(profile.format_table(curve))
     click.echo(f"cached: {path}")
     click.echo(f"plot: {png}")

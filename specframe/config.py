@@ -35,6 +35,7 @@ BYTES_TOKENIZER = "bytes"
 ON_OVERFLOW = ("error", "skip")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")
+LINEAR_KERNELS = ("auto", "onednn", "mkl")  # packed_linears values besides true/false
 
 
 class ConfigError(ValueError):
@@ -53,8 +54,9 @@ class ModelSpec:
         attn_implementation: ``sdpa`` or ``eager`` (both take a tree mask).
         tokenizer: tokenizer path / name (default: the model's own; ``bytes`` for random models).
         random: options of ``random:``/``perturbed:`` models.
-        packed_linears: float32 CPU linears with MKL weights pre-packed per small row count
-            (:mod:`specframe.packed_linear`): faster tree forwards, last-bit different logits.
+        packed_linears: fast small-batch float32 CPU linears (:mod:`specframe.packed_linear`):
+            ``true`` / ``"auto"`` (the faster kernel on this CPU), ``"onednn"`` or ``"mkl"``
+            (pre-packed MKL weights); faster tree forwards, last-bit different logits.
     """
 
     model: str = field(metadata={"help": "a path, hub id, shipped name or random:<arch>"})
@@ -63,10 +65,12 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     tokenizer: str | None = None
     random: dict = field(default_factory=dict)
-    packed_linears: bool = False
+    packed_linears: bool | str = False
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
+        if not isinstance(self.packed_linears, bool):
+            _one_of("packed_linears", self.packed_linears, LINEAR_KERNELS)
         if self.attn_implementation not in ATTENTION:
             raise ConfigError(f"attn_implementation {self.attn_implementation!r} cannot take a tree mask; "
                               f"use one of {', '.join(ATTENTION)}")

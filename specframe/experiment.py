@@ -89,7 +89,8 @@ class ModelPool:
         if spec.packed_linears:
             from .packed_linear import pack_linears
 
-            pack_linears(model)
+            kernel = "auto" if spec.packed_linears is True else str(spec.packed_linears)
+            pack_linears(model, kernel)
         return model
 
     def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:

@@ -1,4 +1,4 @@
-"""Linear layers with weights pre-packed for small batches (float32 on CPU, MKL).
+"""Linear layers for the small row counts of tree forwards (float32 on CPU): oneDNN or MKL-packed.
 
 A speculative step runs the target on a handful of tree tokens. At that size a CPU GEMM is far
 from the memory-bound limit: plain ``F.linear`` re-packs the whole weight matrix on every call,
@@ -8,7 +8,14 @@ freezing uses for float32 CPU linears). A packed weight only serves that exact r
 :class:`PackedLinear` keeps one packing per *bucket* of row counts and pads the rows up to the
 next bucket; larger inputs (the prompt's prefill) take plain ``F.linear``.
 
-Memory: one extra copy of the weights per bucket. Numerics: a packed GEMM adds in another order
+Which library is fastest depends on the CPU. MKL takes its slow paths on AMD processors: on a
+2-core AMD EPYC (Zen 4) a packed 16-row forward of SmolLM2-135M cost 2.3 one-row forwards,
+while oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, JIT kernels for the CPU at hand)
+cost 1.6 and was as fast for one row; on the Intel machine of the first measurements packed
+MKL gave 1.48. :class:`OneDnnLinear` needs no packed copies. :func:`pack_linears` with
+``kernel="auto"`` times both on the model's largest linear and keeps the faster.
+
+Memory (MKL): one extra copy of the weights per bucket. Numerics: a packed GEMM adds in another order
 than ``F.linear`` does, so logits differ from the unpacked model's in the last bits. Every arm of
 an experiment runs the same packed model, so greedy speculative output still equals greedy
 decoding of that model; against the *unpacked* model a float32 near-tie can flip.
@@ -16,11 +23,16 @@ decoding of that model; against the *unpacked* model a float32 near-tie can flip
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
+#: Kernels :func:`pack_linears` can install (``"auto"``: the faster on this machine).
+KERNELS = ("onednn", "mkl")
 
 
 def packing_available() -> bool:
@@ -28,9 +40,49 @@ def packing_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's float32 linear."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The kernels of :data:`KERNELS` this torch build has."""
+    have = {"onednn": onednn_available(), "mkl": packing_available()}
+    return tuple(k for k in KERNELS if have[k])
+
+
+def _plain(x: torch.Tensor) -> bool:
+    """Inputs the fast kernels do not take: not float32 on the CPU, or autograd is on."""
+    return x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled()
+
+
+class OneDnnLinear(nn.Module):
+    """A drop-in ``nn.Linear`` (same ``weight``/``bias`` tensors) whose inference forward in
+    float32 on the CPU runs oneDNN's matmul; anything else takes ``F.linear``."""
+
+    kernel = "onednn"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)`` through oneDNN."""
+        if _plain(x) or self.weight.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight.detach(),
+                                                  None if self.bias is None else self.bias.detach(), "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel=onednn"
+
+
 class PackedLinear(nn.Module):
     """A drop-in ``nn.Linear`` (same ``weight``/``bias`` tensors) that uses packed weights for
-    inputs of at most ``max(buckets)`` rows."""
+    inputs of at most ``max(buckets)`` rows (MKL's float32 GEMM on a weight packed per bucket)."""
+
+    kernel = "mkl"
 
     def __init__(self, linear: nn.Linear, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         super().__init__()
@@ -45,7 +97,7 @@ class PackedLinear(nn.Module):
         """``F.linear(x, weight, bias)``, through a packed weight when the rows fit a bucket."""
         rows = x.numel() // x.shape[-1] if x.numel() else 0
         bucket = next((b for b in self.buckets if b >= rows), None)
-        if bucket is None or x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
+        if bucket is None or _plain(x):
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])
         if bucket != rows:
@@ -58,13 +110,66 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, buckets={self.buckets}"
 
 
-def pack_linears(model: nn.Module, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> int:
-    """Replace every float32 CPU ``nn.Linear`` of ``model`` by a :class:`PackedLinear`, in place;
-    returns how many were replaced. Raises RuntimeError when the torch build has no MKL."""
-    if not packing_available():
-        raise RuntimeError("packed linears need a torch build with MKL (x86 CPU wheels have it)")
-    todo = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) of every float32 CPU ``nn.Linear`` of ``model``."""
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
-    for parent, name, child in todo:
-        setattr(parent, name, PackedLinear(child, buckets))
-    return len(todo)
+
+
+_FASTEST: dict[tuple[int, int, int], str] = {}  # (out, in, threads) -> kernel, per process
+
+
+def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> str:
+    """The available kernel that runs ``model``'s largest float32 linear fastest over ``rows``
+    (median of ``reps`` rounds, kernels taking turns so a change of load hits both). The answer
+    is kept for the process, so every load of one model gets the same kernel (and cost curve)."""
+    kernels = available_kernels()
+    layers = _linears(model)
+    if len(kernels) < 2 or not layers:
+        return kernels[0] if kernels else "unavailable"
+    largest = max((child for _, _, child in layers), key=lambda c: c.weight.numel())
+    key = (largest.out_features, largest.in_features, torch.get_num_threads())
+    if key not in _FASTEST:
+        _FASTEST[key] = _time_kernels(largest, kernels, rows, reps)
+    return _FASTEST[key]
+
+
+def _time_kernels(largest: nn.Linear, kernels: tuple[str, ...], rows: tuple[int, ...], reps: int) -> str:
+    modules = {k: _wrap(largest, k, rows) for k in kernels}
+    times: dict[str, list[float]] = {k: [] for k in kernels}
+    with torch.no_grad():
+        xs = [torch.randn(r, largest.in_features) for r in rows]
+        for rep in range(reps + 1):
+            for k, module in modules.items():
+                start = time.perf_counter()
+                for x in xs:
+                    module(x)
+                if rep:  # round 0 warms up
+                    times[k].append(time.perf_counter() - start)
+    return min(kernels, key=lambda k: statistics.median(times[k]))
+
+
+def _wrap(linear: nn.Linear, kernel: str, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> nn.Module:
+    return OneDnnLinear(linear) if kernel == "onednn" else PackedLinear(linear, buckets)
+
+
+def pack_linears(model: nn.Module, kernel: str = "auto", buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> str:
+    """Replace every float32 CPU ``nn.Linear`` of ``model`` in place by a fast small-batch one:
+    ``kernel`` ``"onednn"`` (:class:`OneDnnLinear`), ``"mkl"`` (:class:`PackedLinear`, MKL
+    packing per row bucket) or ``"auto"`` (:func:`fastest_kernel`). Returns the kernel used.
+    Raises ValueError for an unknown kernel and RuntimeError when the torch build lacks it."""
+    if kernel not in ("auto",) + KERNELS:
+        raise ValueError(f"linear kernel {kernel!r}: use one of auto, {', '.join(KERNELS)}")
+    if kernel == "auto":
+        kernel = fastest_kernel(model)
+    if kernel not in available_kernels():
+        library = {"mkl": "MKL", "onednn": "oneDNN"}.get(kernel, "oneDNN or MKL")
+        raise RuntimeError(f"packed linears need a torch build with {library} (x86 CPU wheels have both)")
+    for parent, name, child in _linears(model):
+        setattr(parent, name, _wrap(child, kernel, buckets))
+    return kernel
+
+
+def linear_kernel(model: nn.Module) -> str | None:
+    """The kernel :func:`pack_linears` installed in ``model`` (None: plain linears)."""
+    return next((m.kernel for m in model.modules() if isinstance(m, (OneDnnLinear, PackedLinear))), None)

@@ -102,13 +102,16 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 # ---------------------------------------------------------------------- keys and the cache
 def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
-    ``-packed`` when its linears were replaced by pre-packed ones (they do change it)."""
+    ``-onednn`` / ``-mkl`` when :func:`~specframe.packed_linear.pack_linears` replaced its
+    linears (the kernel does change it)."""
+    from .packed_linear import linear_kernel
+
     cfg = model.config
     name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
     name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
-    packed = any(type(m).__name__ == "PackedLinear" for m in model.modules())
-    return f"{_safe(name)}-{digest}" + ("-packed" if packed else "")
+    kernel = linear_kernel(model)
+    return f"{_safe(name)}-{digest}" + (f"-{kernel}" if kernel else "")
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
@@ -279,12 +282,13 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
                   sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
                   reps: int = FULL_REPS, plot_path: Path | None = None,
-                  packed_linears: bool = False) -> tuple[CostCurve, Path, Path]:
+                  packed_linears: bool | str = False) -> tuple[CostCurve, Path, Path]:
     """Load ``name`` (path, hub id or shipped name), measure its curve, cache it and plot it.
 
     Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
     for the measurement (and the key); None keeps the current setting. ``packed_linears``
-    measures the model with MKL-packed linears (:mod:`specframe.packed_linear`), cached apart.
+    measures the model with fast small-batch linears (:mod:`specframe.packed_linear`; True or
+    ``"auto"``: the faster kernel here, or ``"onednn"`` / ``"mkl"``), cached apart.
     """
     from .target import TargetModel, load_causal_lm
 
@@ -296,7 +300,7 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
     if packed_linears:
         from .packed_linear import pack_linears
 
-        pack_linears(model)
+        pack_linears(model, "auto" if packed_linears is True else str(packed_linears))
     target = TargetModel(model)
     curve = measure(target, sizes, cache_lens, reps)
     path = save(curve)

@@ -100,6 +100,35 @@ def cell_of(log_q: float, rank: int) -> int:
     return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
 
 
+class LayerCostFit:
+    """Discounted least squares of a step's time beyond the target forward on its number of
+    draft layers: the marginal cost of one more layer, everything included (the draft forward,
+    the drafter's catch-up and compaction, the policy's and the sizer's host work). The timed
+    piece (a layer's draft forward and policy work) misses what grows with depth elsewhere: on
+    the tiny demo pair an extra layer cost about twice its timed part. A ridge pull towards the
+    timed estimate keeps the slope sane while the depths seen hardly vary. (Tree size is left
+    out on purpose: it moves with depth, and the fit split the cost between them at random.)"""
+
+    def __init__(self, discount: float = 0.99, strength: float = 3.0) -> None:
+        self.discount = discount
+        self.strength = strength
+        self.w = self.x = self.xx = self.y = self.xy = 0.0
+
+    def add(self, layers: int, seconds: float) -> None:
+        """One step: its draft layers and its time beyond the target forward."""
+        d, x = self.discount, float(layers)
+        self.w, self.x, self.xx = d * self.w + 1.0, d * self.x + x, d * self.xx + x * x
+        self.y, self.xy = d * self.y + seconds, d * self.xy + x * seconds
+
+    def slope(self, prior: float) -> float:
+        """Seconds per layer; ``prior`` where the data say nothing (no spread of depths)."""
+        if self.w <= 0.0:
+            return prior
+        var = self.xx - self.x * self.x / self.w  # weighted scatter of the depths
+        cov = self.xy - self.x * self.y / self.w
+        return (cov + self.strength * prior) / (var + self.strength)
+
+
 class HostTree:
     """Host lists of a tree being scored: parents, ranks, depths, cells, calibrated log path
     probabilities. Grown layer by layer (one read per layer) or read whole (one read)."""
@@ -151,7 +180,9 @@ class AutoSizer:
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
-        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
+        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), timed, running
+        self.fit = LayerCostFit()
+        self.per_layer = 0.0  # fitted marginal seconds of a layer, everything included
         self.rate = 0.0  # tokens per modelled second, running
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive plain steps that nothing would have paid for
@@ -217,6 +248,11 @@ class AutoSizer:
             out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
         return out
 
+    @property
+    def layer_price(self) -> float:
+        """Seconds one more draft layer costs: the fitted marginal cost, at least its timed part."""
+        return max(self.per_layer, self.layer_cost)
+
     def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None) -> bool:
         """Whether drafting another layer can pay. The next layer's best node is expected to be
         accepted with probability ``best_new * c_best``: the best calibrated path probability of
@@ -228,7 +264,7 @@ class AutoSizer:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
-        return best_new * c_best >= self.rate * (slope + self.layer_cost)
+        return best_new * c_best >= self.rate * (slope + self.layer_price)
 
     # ------------------------------------------------------------------ growing
     def skip(self, session: DraftSession) -> DraftTree | None:
@@ -305,10 +341,10 @@ class AutoSizer:
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
         """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
-        deepest, out = 0, [0.0]
+        deepest, out, price = 0, [0.0], self.layer_price
         for i in order:
             deepest = max(deepest, depths[i])
-            out.append(self.layer_cost * deepest)
+            out.append(price * deepest)
         return out
 
     # ------------------------------------------------------------------ learning
@@ -327,6 +363,8 @@ class AutoSizer:
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
+        self.fit.add(step.draft_forwards, max(step.total_time - target_t, 0.0))
+        self.per_layer = max(self.fit.slope(self.layer_cost), 0.0)
         rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
         self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)
         return rate

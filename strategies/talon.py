@@ -23,7 +23,7 @@ from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
 from specframe.tree import DraftTree
 
-from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, MuBandit, auto_top_k, stop_growing
+from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, MuBandit, stop_growing
 from ._helpers import append_children, child_scores, top_indices, topk_children
 
 
@@ -40,7 +40,7 @@ class TalonOptions(AutoBudgetOptions):
             Smaller mu keeps more nodes per layer (wider, shallower trees). ``"auto"``: chosen
             online by a bandit over a grid of gates (reward: tokens per modelled second).
         top_k: K, the number of nodes kept by each of the first ``init_layers`` layers (with
-            ``budget="auto"``: at most a quarter of the step's build cap).
+            ``budget="auto"``: at most the step's build cap minus one, on top of the cap).
         init_layers: how many leading layers use Top-K instead of the gate (paper: 1).
         max_budget: the largest tree ``budget="auto"`` may build.
     """
@@ -91,7 +91,12 @@ class TalonPolicy(AutoSizedPolicy):
             return self.sizer.prune(tree, session, choose=False) if self.sizer is not None else tree
         cap = min(int(budget), self.sizer.cap)
         self.sizer.begin()
-        tree = self.grow(session, cap, mu, auto_top_k(self.options.top_k, cap), self.sizer)
+        # The root's Top-K come on top of the cap: the chooser drops the children that do not
+        # pay, and the layers below keep the cap's room. (A first layer cut to a quarter of the
+        # cap could not make the one wide layer that is fastest where a draft layer is dear:
+        # N = 4 and 8 on the 2-core CPU, for SmolLM2 + its head and for the tiny pair alike.)
+        width = min(self.options.top_k, max(1, cap - 1))
+        tree = self.grow(session, min(int(budget), cap + width), mu, width, self.sizer)
         return self.sizer.prune(tree, session)
 
     def grow(self, session: DraftSession, n_max: int, mu: float, top_k: int,

@@ -1,42 +1,83 @@
-"""MKL-packed linears: same results as nn.Linear up to float32 rounding, for every row count
-(inside a bucket, between buckets, above the largest), and lossless speculative decoding on a
-model whose linears are all packed (every forward, plain or tree, runs the packed model)."""
+"""Fast small-batch linears (oneDNN, MKL-packed): same results as nn.Linear up to float32
+rounding, for every row count (inside an MKL bucket, between buckets, above the largest), the
+"auto" kernel choice, and lossless speculative decoding on a model whose linears are all
+replaced (every forward, plain or tree, runs the replaced model)."""
 
 import pytest
 import torch
 from torch import nn
 
 import specframe
-from specframe.packed_linear import PackedLinear, pack_linears, packing_available
+from specframe.packed_linear import (KERNELS, OneDnnLinear, PackedLinear, available_kernels, fastest_kernel,
+                                     linear_kernel, pack_linears)
 from specframe.testing.models import tiny_model
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL (non-x86)")
+HAVE = available_kernels()
+pytestmark = pytest.mark.skipif(not HAVE, reason="this torch build has neither oneDNN nor MKL (non-x86)")
+each_kernel = pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.mark.skipif(
+    k not in HAVE, reason=f"no {k} in this torch build")) for k in KERNELS])
 
 
+def _wrapped(kernel: str, lin: nn.Linear) -> nn.Module:
+    return OneDnnLinear(lin) if kernel == "onednn" else PackedLinear(lin, buckets=(1, 2, 4, 8))
+
+
+@each_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 40])
-def test_packed_linear_matches_linear(rows):
+def test_fast_linear_matches_linear(kernel, rows):
     torch.manual_seed(rows)
     lin = nn.Linear(48, 96)
-    packed = PackedLinear(lin, buckets=(1, 2, 4, 8))
+    fast = _wrapped(kernel, lin)
     x = torch.randn(1, rows, 48)
     with torch.no_grad():
-        want, got = lin(x), packed(x)
+        want, got = lin(x), fast(x)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_pack_linears_replaces_every_float32_linear_and_keeps_the_weights():
+@pytest.mark.skipif("onednn" not in HAVE, reason="no oneDNN in this torch build")
+def test_onednn_linear_leaves_float64_to_f_linear():
+    lin = nn.Linear(8, 4).double()  # oneDNN has no float64 matmul
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(OneDnnLinear(lin)(x), lin(x))
+
+
+@each_kernel
+def test_fast_linear_keeps_autograd(kernel):
+    lin32 = nn.Linear(8, 4)
+    x32 = torch.randn(2, 8, requires_grad=True)
+    _wrapped(kernel, lin32)(x32).sum().backward()  # autograd on: plain F.linear, gradients flow
+    assert x32.grad is not None and lin32.weight.grad is not None
+
+
+@each_kernel
+def test_pack_linears_replaces_every_float32_linear_and_keeps_the_weights(kernel):
     model = tiny_model("llama", seed=0, dtype=torch.float32)
     n_linear = sum(type(m) is nn.Linear for m in model.modules())
     weight = model.lm_head.weight
-    assert pack_linears(model) == n_linear > 0
+    assert n_linear > 0 and linear_kernel(model) is None
+    assert pack_linears(model, kernel) == kernel == linear_kernel(model)
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert model.lm_head.weight is weight  # same parameter (ties survive)
 
 
-def test_speculative_decoding_on_a_packed_model_equals_its_greedy_decoding():
+def test_auto_takes_an_available_kernel_and_keeps_it_for_the_process():
     model = tiny_model("llama", seed=0, dtype=torch.float32)
-    pack_linears(model)
+    first = fastest_kernel(model)
+    assert first in HAVE and fastest_kernel(model) == first
+    assert pack_linears(model) == first
+
+
+def test_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="'blas'.*auto, onednn, mkl"):
+        pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), "blas")
+
+
+@each_kernel
+def test_speculative_decoding_on_a_fast_linear_model_equals_its_greedy_decoding(kernel):
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    pack_linears(model, kernel)
     prompt = [5, 6, 7, 8, 9]
     ref = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)[0, len(prompt):].tolist()
     dec = specframe.SpecDecoder.build(target=model, drafter=("ngram", {}), policy=("talon", {"budget": 8}),

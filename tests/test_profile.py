@@ -37,14 +37,14 @@ def test_key_names_model_device_dtype_threads_and_torch():
     assert "cpu" in key and "float64" in key and "_t3_" in key and torch.__version__.split("+")[0] in key
     assert profile.curve_key(tiny_model("llama", seed=1), torch.device("cpu"), torch.float64, 3) == key
     assert profile.curve_key(model, torch.device("cpu"), torch.float32, 3) != key
-    from specframe.packed_linear import pack_linears, packing_available
+    from specframe.packed_linear import available_kernels, pack_linears
 
-    if packing_available():
+    for kernel in available_kernels():  # the kernel changes T(n), so it is part of the key
         packed = tiny_model("llama", seed=0, dtype=torch.float32)
         plain_key = profile.curve_key(packed, torch.device("cpu"), torch.float32, 3)
-        pack_linears(packed)
+        pack_linears(packed, kernel)
         assert profile.curve_key(packed, torch.device("cpu"), torch.float32, 3) == plain_key.replace(
-            "_cpu_", "-packed_cpu_", 1)
+            "_cpu_", f"-{kernel}_cpu_", 1)
 
 
 def test_first_use_measures_once_and_caches(cache, monkeypatch):
