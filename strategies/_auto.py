@@ -52,6 +52,8 @@ C_MAX = 0.995
 EMA = 0.1  # weight of the newest step in the running timings
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
+GROWTH_PRIOR = 2.0  # pseudo-guesses that fared as guessed (growth_factor starts at 1)
+GROWTH_DISCOUNT = 0.99  # per checked guess: the factor follows a change of text
 FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (model-free tests)
 
 
@@ -62,34 +64,48 @@ class Calibration:
 
     def __init__(self) -> None:
         upper = list(Q_EDGES) + [1.0]
-        prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper]
-        # Row 0: top-ranked children; row 1: the others (and unknown ranks).
-        self.prior = torch.tensor([prior, prior], dtype=torch.float64)
-        self.tried = torch.zeros(2, self.BINS, dtype=torch.float64)
-        self.accepted = torch.zeros(2, self.BINS, dtype=torch.float64)
+        # Flat cells: rank class * BINS + bin; class 0 = top-ranked children, 1 = the others
+        # (and unknown ranks). Plain lists: a step updates a few cells, and tensor ops on 26
+        # numbers cost more than the Python (the sizer runs on every step of a tiny model).
+        self.prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper] * 2
+        self.tried_counts = [0.0] * (2 * self.BINS)
+        self.accepted_counts = [0.0] * (2 * self.BINS)
         self._log_c: list[float] | None = None
+
+    @property
+    def tried(self) -> torch.Tensor:
+        """Tries per ``[rank class, bin]`` (a copy)."""
+        return torch.tensor(self.tried_counts, dtype=torch.float64).view(2, self.BINS)
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """Acceptances per ``[rank class, bin]`` (a copy)."""
+        return torch.tensor(self.accepted_counts, dtype=torch.float64).view(2, self.BINS)
+
+    def set_counts(self, tried: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Replace the counts (``[2, BINS]`` each): seeds a calibration, e.g. in tests."""
+        self.tried_counts = tried.double().flatten().tolist()
+        self.accepted_counts = accepted.double().flatten().tolist()
+        self._log_c = None
 
     def probabilities(self) -> torch.Tensor:
         """Posterior mean ``c`` per ``[rank class, bin]``."""
-        mean = (self.accepted + PRIOR_STRENGTH * self.prior) / (self.tried + PRIOR_STRENGTH)
-        return mean.clamp(1e-6, C_MAX)
+        return torch.tensor([math.exp(v) for v in self.log_c()], dtype=torch.float64).view(2, self.BINS)
 
     def log_c(self) -> list[float]:
-        """``log c`` per flat cell (rank class * BINS + bin), recomputed after each update."""
+        """``log c`` per flat cell, recomputed after each update."""
         if self._log_c is None:
-            self._log_c = self.probabilities().log().flatten().tolist()
+            self._log_c = [math.log(min(max((a + PRIOR_STRENGTH * p) / (t + PRIOR_STRENGTH), 1e-6), C_MAX))
+                           for a, t, p in zip(self.accepted_counts, self.tried_counts, self.prior)]
         return self._log_c
 
     def record(self, cells: list[int], accepted: list[bool]) -> None:
         """Count tried nodes (flat cell index each) and which of them were accepted."""
         if not cells:
             return
-        tried, hits = [0.0] * (2 * self.BINS), [0.0] * (2 * self.BINS)
         for cell, ok in zip(cells, accepted):
-            tried[cell] += 1.0
-            hits[cell] += float(ok)
-        self.tried += torch.tensor(tried, dtype=torch.float64).view(2, self.BINS)
-        self.accepted += torch.tensor(hits, dtype=torch.float64).view(2, self.BINS)
+            self.tried_counts[cell] += 1.0
+            self.accepted_counts[cell] += float(ok)
         self._log_c = None
 
 
@@ -100,33 +116,42 @@ def cell_of(log_q: float, rank: int) -> int:
     return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
 
 
-class LayerCostFit:
+class StepCostFit:
     """Discounted least squares of a step's time beyond the target forward on its number of
-    draft layers: the marginal cost of one more layer, everything included (the draft forward,
-    the drafter's catch-up and compaction, the policy's and the sizer's host work). The timed
-    piece (a layer's draft forward and policy work) misses what grows with depth elsewhere: on
-    the tiny demo pair an extra layer cost about twice its timed part. A ridge pull towards the
-    timed estimate keeps the slope sane while the depths seen hardly vary. (Tree size is left
-    out on purpose: it moves with depth, and the fit split the cost between them at random.)"""
+    draft layers and its verified tree size: the marginal cost of one more layer and of one more
+    node, everything included (draft forwards over wider frontiers, the drafter's catch-up and
+    compaction, the policy's and the sizer's host work, verification). The timed pieces miss
+    what grows with the tree elsewhere: on the tiny demo pair a layer cost about twice its
+    timed draft forward, and every verified node about three times its share of the cost
+    curve. A ridge pull towards ``prior`` keeps the coefficients sane while the shapes seen
+    hardly vary."""
 
     def __init__(self, discount: float = 0.99, strength: float = 3.0) -> None:
         self.discount = discount
         self.strength = strength
-        self.w = self.x = self.xx = self.y = self.xy = 0.0
+        self.xx = [[0.0] * 3 for _ in range(3)]
+        self.xy = [0.0] * 3
 
-    def add(self, layers: int, seconds: float) -> None:
-        """One step: its draft layers and its time beyond the target forward."""
-        d, x = self.discount, float(layers)
-        self.w, self.x, self.xx = d * self.w + 1.0, d * self.x + x, d * self.xx + x * x
-        self.y, self.xy = d * self.y + seconds, d * self.xy + x * seconds
+    def add(self, layers: int, nodes: int, seconds: float) -> None:
+        """One step: its draft layers, its verified tree size, its time beyond the target."""
+        x, d = (1.0, float(layers), float(nodes)), self.discount
+        for i in range(3):
+            self.xy[i] = d * self.xy[i] + x[i] * seconds
+            for j in range(3):
+                self.xx[i][j] = d * self.xx[i][j] + x[i] * x[j]
 
-    def slope(self, prior: float) -> float:
-        """Seconds per layer; ``prior`` where the data say nothing (no spread of depths)."""
-        if self.w <= 0.0:
-            return prior
-        var = self.xx - self.x * self.x / self.w  # weighted scatter of the depths
-        cov = self.xy - self.x * self.y / self.w
-        return (cov + self.strength * prior) / (var + self.strength)
+    def solve(self, prior: tuple[float, float, float]) -> tuple[float, float, float]:
+        """(per step, per layer, per node) seconds; ``prior`` where the data say nothing."""
+        lam = self.strength
+        a = [[self.xx[i][j] + (lam if i == j else 0.0) for j in range(3)] + [self.xy[i] + lam * prior[i]]
+             for i in range(3)]
+        for col in range(3):  # Gauss-Jordan; the ridge term keeps every pivot positive
+            a[col] = [v / a[col][col] for v in a[col]]
+            for row in range(3):
+                if row != col:
+                    f = a[row][col]
+                    a[row] = [v - f * w for v, w in zip(a[row], a[col])]
+        return a[0][3], a[1][3], a[2][3]
 
 
 class HostTree:
@@ -136,6 +161,7 @@ class HostTree:
     def __init__(self) -> None:
         self.parents, self.ranks, self.depths = [-1], [0], [0]
         self.cells, self.cal, self.log_c = [0], [0.0], [0.0]
+        self.logp: list[float] = []  # the draft's cumulative log-probs, read with the first layer
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -146,17 +172,20 @@ class HostTree:
         k, n = len(self), len(tree)
         if k >= n:
             return
-        parents = tree.parents[k:]
-        host = torch.cat([tree.logp[k:].double(), tree.logp[parents].double(), parents.double(),
-                          tree.ranks[k:].double(), tree.depths[k:].double()]).tolist()
+        # One read of what the host does not know yet; depths and the parents' log-probs are
+        # derived here (every tensor op costs more than the arithmetic on a tiny model's step).
+        first = len(self.logp)
+        host = torch.cat([tree.logp[first:].double(), tree.parents[k:].double(), tree.ranks[k:].double()]).tolist()
         m = n - k
+        self.logp += host[: n - first]
+        links, ranks = host[n - first: n - first + m], host[n - first + m:]
         table = calibration.log_c()
         for j in range(m):
-            parent, rank = int(host[2 * m + j]), int(host[3 * m + j])
-            cell = cell_of(host[j] - host[m + j], rank)
+            parent, rank = int(links[j]), int(ranks[j])
+            cell = cell_of(self.logp[k + j] - self.logp[parent], rank)
             self.parents.append(parent)
             self.ranks.append(rank)
-            self.depths.append(int(host[4 * m + j]))
+            self.depths.append(self.depths[parent] + 1)
             self.cells.append(cell)
             self.log_c.append(table[cell])
             self.cal.append(self.cal[parent] + table[cell])
@@ -181,9 +210,14 @@ class AutoSizer:
         self.correction = 1.0
         self.overhead = 0.0
         self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), timed, running
-        self.fit = LayerCostFit()
+        self.fit = StepCostFit()
         self.per_layer = 0.0  # fitted marginal seconds of a layer, everything included
-        self.rate = 0.0  # tokens per modelled second, running
+        self.per_node = 0.0  # fitted marginal seconds of a verified node beyond the curve
+        self.mean_nodes = 1.0  # running verified tree size (the overhead's share of per_node)
+        self.rate = 0.0  # tokens per second, running (measured on CPU, modelled on GPU)
+        self._emitted = self._spent = 0.0  # ... as running emitted tokens over running seconds
+        self._guesses: list[tuple[int, float]] = []  # this step's growth guesses (depth, guess)
+        self._guessed = self._realised = 0.0  # discounted sums over the guesses checked
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive plain steps that nothing would have paid for
         self._times: dict[int, list[float]] = {}
@@ -241,11 +275,13 @@ class AutoSizer:
         draft seconds of every size (one number: the same for all, e.g. already spent)."""
         times = self.target_times(len(gains) + 1, context)
         drafts = draft if isinstance(draft, list) else [draft] * len(times)
+        # The running overhead holds the mean tree's node costs: price them per size instead.
+        fixed = max(self.overhead - self.per_node * self.mean_nodes, 0.0)
         out, expected = [], 0.0
         for m, t in enumerate(times, start=1):
             if m > 1:
                 expected += gains[m - 2]
-            out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
+            out.append((1.0 + expected) / (t + drafts[m - 1] + fixed + self.per_node * m))
         return out
 
     @property
@@ -253,18 +289,39 @@ class AutoSizer:
         """Seconds one more draft layer costs: the fitted marginal cost, at least its timed part."""
         return max(self.per_layer, self.layer_cost)
 
-    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None) -> bool:
+    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
+                      depth: int | None = None) -> bool:
         """Whether drafting another layer can pay. The next layer's best node is expected to be
         accepted with probability ``best_new * c_best``: the best calibrated path probability of
         the layer just added times that node's own calibrated conditional (drafts that were
-        good keep being good: a matched n-gram continues, a fallback guess does not). That must
-        buy the node's marginal target time (the curve's mean slope up to here) plus one draft
-        layer at the running rate (tokens per second)."""
+        good keep being good: a matched n-gram continues, a fallback guess does not), times
+        :attr:`growth_factor`, how that guess has fared. That must buy the node's marginal
+        target time (the curve's mean slope up to here, plus the fitted cost of a node) plus one
+        draft layer at the running rate (tokens per second). ``depth``: of the layer just added,
+        so that :meth:`observe` can check the guess."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
-        return best_new * c_best >= self.rate * (slope + self.layer_price)
+        guess = best_new * c_best
+        grow = guess * self.growth_factor >= self.rate * (slope + self.per_node + self.layer_price)
+        if grow and depth is not None:
+            self._guesses.append((depth, guess))
+        return grow
+
+    @property
+    def growth_factor(self) -> float:
+        """Accepted next layers over guessed ones, for the layers drafted on a guess (discounted,
+        1 until there is evidence): the guess assumes a child as sure as its parent."""
+        return (self._realised + GROWTH_PRIOR) / (self._guessed + GROWTH_PRIOR)
+
+    def _check_guesses(self, accepted: int) -> None:
+        """Score the growth guesses of the step just verified: a layer drafted after depth d
+        paid when the accepted path reached depth d + 1."""
+        for depth, guess in self._guesses:
+            self._guessed = GROWTH_DISCOUNT * self._guessed + guess
+            self._realised = GROWTH_DISCOUNT * self._realised + float(accepted > depth)
+        self._guesses = []
 
     # ------------------------------------------------------------------ growing
     def skip(self, session: DraftSession) -> DraftTree | None:
@@ -284,6 +341,7 @@ class AutoSizer:
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
+        self._guesses = []
         self._host = HostTree()
         self._grown = None
 
@@ -332,12 +390,7 @@ class AutoSizer:
                       "context": context}
         if len(keep) == n:
             return tree
-        if len(keep) == 1:  # a plain step: slice the root off, no gather and no checks
-            return replace(tree, tokens=tree.tokens[:1], parents=tree.parents[:1], depths=tree.depths[:1],
-                           logp=tree.logp[:1], ranks=tree.ranks[:1], _cache={},
-                           draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1],
-                           origin=None if tree.origin is None else tree.origin[:1])
-        return tree.select(torch.tensor(keep, dtype=torch.long, device=tree.device))
+        return _subtree(tree, keep, self._last["parents"])
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
         """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
@@ -354,6 +407,7 @@ class AutoSizer:
         if last is None or len(last["parents"]) != step.tree_size:
             return 0.0
         self._learn_acceptance(last, step.accepted_ranks)
+        self._check_guesses(step.accepted)
         curve_t = self.target_times(step.tree_size, last["context"])[-1] / self.correction
         if self.sync_timers and curve_t > 0 and step.target_time > 0:
             self.correction += EMA * (min(max(step.target_time / curve_t, 0.2), 5.0) - self.correction)
@@ -363,11 +417,19 @@ class AutoSizer:
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
-        self.fit.add(step.draft_forwards, max(step.total_time - target_t, 0.0))
-        self.per_layer = max(self.fit.slope(self.layer_cost), 0.0)
-        rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
-        self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)
-        return rate
+        self.mean_nodes += EMA * (step.tree_size - self.mean_nodes)
+        self.fit.add(step.draft_forwards, step.tree_size, max(step.total_time - target_t, 0.0))
+        _, layer, node = self.fit.solve((self.overhead, self.layer_cost, 0.0))
+        self.per_layer, self.per_node = max(layer, 0.0), max(node, 0.0)
+        modelled = model_t + step.draft_time + self.overhead
+        # The price of time (tokens per second) is what the steps really yield: measured where
+        # the timers wait (a ratio of running sums, not a mean of ratios), else modelled.
+        spent = step.total_time if self.sync_timers else modelled
+        first = self.rate == 0.0
+        self._emitted = step.emitted if first else self._emitted + EMA * (step.emitted - self._emitted)
+        self._spent = spent if first else self._spent + EMA * (spent - self._spent)
+        self.rate = self._emitted / max(self._spent, 1e-9)
+        return step.emitted / max(modelled, 1e-9)
 
     def _learn_acceptance(self, last: dict[str, Any], accepted_ranks: list[int]) -> None:
         """Walk the accepted path by ranks; every child of a path node was tried."""
@@ -396,6 +458,23 @@ class AutoSizer:
 def _argmax(values: list[float]) -> int:
     """Index of the largest value; ties go to the smaller index (the smaller tree)."""
     return max(range(len(values)), key=lambda j: (values[j], -j))
+
+
+def _subtree(tree: DraftTree, keep: list[int], parents: list[int]) -> DraftTree:
+    """``tree.select(keep)`` for a ``keep`` known on the host to be sorted, rooted and
+    ancestor-closed, with its re-indexed ``parents``: a few gathers instead of select's checks
+    and index arithmetic (on a tiny model they cost more than the choice itself). A plain step
+    (root only) is a slice."""
+    if len(keep) == 1:
+        index: Any = slice(0, 1)
+        new_parents = tree.parents[:1]
+    else:
+        index = torch.tensor(keep, dtype=torch.long, device=tree.device)
+        new_parents = torch.tensor(parents, dtype=torch.long, device=tree.device)
+    return replace(tree, tokens=tree.tokens[index], parents=new_parents, depths=tree.depths[index],
+                   logp=tree.logp[index], ranks=tree.ranks[index], _cache={},
+                   draft_probs=None if tree.draft_probs is None else tree.draft_probs[index],
+                   origin=None if tree.origin is None and len(keep) == 1 else tree.origins()[index])
 
 
 def _closed(keep: list[int], parents: list[int]) -> list[int]:
@@ -467,7 +546,7 @@ def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tens
     if best is None:
         return False
     return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(host.log_c[best]), len(tree),
-                                   getattr(session, "context_len", None))
+                                   getattr(session, "context_len", None), host.depths[best])
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

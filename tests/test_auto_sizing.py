@@ -46,8 +46,8 @@ def sizer_with(curve: CostCurve, acceptance: float, max_size: int = 64) -> AutoS
     """A sizer whose calibration has seen many tries accepted at rate ``acceptance`` in every bin."""
     sizer = AutoSizer(max_size)
     sizer.curve = curve
-    sizer.calibration.tried += 1000.0
-    sizer.calibration.accepted += 1000.0 * acceptance
+    cal = sizer.calibration
+    cal.set_counts(cal.tried + 1000.0, cal.accepted + 1000.0 * acceptance)
     return sizer
 
 
@@ -170,8 +170,9 @@ def test_ngram_fallback_guesses_are_learned_worthless(policy, explores):
 def test_matched_ngram_drafts_grow_the_tree_again():
     """After learning that fallbacks are worthless, confident matched drafts still get verified."""
     sizer = sizer_with(CPU, 0.9)
-    sizer.calibration.tried[:, 0] = 100.0  # the fallback bin: always rejected
-    sizer.calibration.accepted[:, 0] = 0.0
+    tried, accepted = sizer.calibration.tried, sizer.calibration.accepted
+    tried[:, 0], accepted[:, 0] = 100.0, 0.0  # the fallback bin: always rejected
+    sizer.calibration.set_counts(tried, accepted)
     assert len(sizer.prune(chain_tree(8, 1e-6), _Session())) == 1
     assert len(sizer.prune(chain_tree(8, 1.0), _Session())) > 1
 

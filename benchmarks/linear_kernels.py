@@ -1,0 +1,90 @@
+"""T(n)/T(1) of a target's tree forward with each linear kernel, interleaved in one run.
+
+Issue 16 item 4: a tree forward of a few tokens should cost close to one token's (the same
+weights are read). Which small-batch float32 kernel gets there depends on the CPU (MKL takes
+its slow paths on AMD processors), so this loads the target once per kernel (plain
+``F.linear``, MKL packed per row bucket, oneDNN) and times the same trees on the same cache
+length with the kernels taking turns in every round: a change of load on a shared machine hits
+them all alike, which back-to-back ``specframe profile`` runs do not guarantee.
+
+    python benchmarks/linear_kernels.py [--model smollm2-135m-instruct] [--threads 2]
+
+Prints ms and T(n)/T(1) per kernel, the pick of ``packed_linears = true`` (``"auto"``) on this
+machine, and whether the greedy next token of a prompt agrees across kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+
+import torch
+
+from specframe import profile
+from specframe.packed_linear import available_kernels, fastest_kernel, pack_linears
+from specframe.target import TargetModel, load_causal_lm
+
+
+def targets(model_name: str) -> dict[str, TargetModel]:
+    """One TargetModel per kernel ("plain" = unchanged ``nn.Linear``)."""
+    base = load_causal_lm(model_name, dtype="float32")
+    out = {"plain": TargetModel(base)}
+    for kernel in available_kernels():
+        model = copy.deepcopy(base)
+        pack_linears(model, kernel)
+        out[kernel] = TargetModel(model)
+    return out
+
+
+def interleaved_times(tgts: dict[str, TargetModel], sizes: list[int], cache_len: int, reps: int) -> dict[str, list[float]]:
+    """Median seconds per (kernel, n); every round times every kernel at every size."""
+    for t in tgts.values():
+        t.reset()
+        t.causal_forward(torch.arange(cache_len - 1) % t.vocab_size)
+    trees = [profile.balanced_tree(n, next(iter(tgts.values())).vocab_size) for n in sizes]
+    runs = {k: [[] for _ in sizes] for k in tgts}
+    for rep in range(reps + 1):  # round 0 warms up
+        for kernel, t in tgts.items():
+            for j, tree in enumerate(trees):
+                spent = profile._time_tree(t, tree, cache_len)
+                if rep:
+                    runs[kernel][j].append(spent)
+    return {k: [statistics.median(r) for r in v] for k, v in runs.items()}
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Run the comparison and print it; returns the printed text."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--cache-len", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tgts = targets(args.model)
+    times = interleaved_times(tgts, sizes, args.cache_len, args.reps)
+    lines = [f"{args.model}, float32, {args.threads} threads, cache {args.cache_len}, median of {args.reps} "
+             f"interleaved rounds", "", "| kernel | " + " | ".join(f"n={n}" for n in sizes) + " | T(16)/T(1) |",
+             "|---|" + "---|" * (len(sizes) + 1)]
+    for kernel, secs in times.items():
+        ratio16 = f"{secs[sizes.index(16)] / secs[0]:.2f}" if 16 in sizes else "-"
+        lines.append(f"| {kernel} ms | " + " | ".join(f"{1e3 * s:.1f}" for s in secs) + " | |")
+        lines.append(f"| {kernel} x T(1) | " + " | ".join(f"{s / secs[0]:.2f}" for s in secs) + f" | **{ratio16}** |")
+    plain = times["plain"]
+    lines.append("")
+    lines += [f"{k}: T(1) {v[0] / plain[0]:.2f}x plain" for k, v in times.items() if k != "plain"]
+    lines.append(f"packed_linears = true picks: {fastest_kernel(tgts['plain'].model)}")
+    ids = torch.arange(100, 160)[None]
+    with torch.no_grad():
+        nexts = {k: int(t.model(ids).logits[0, -1].argmax()) for k, t in tgts.items()}
+    lines.append(f"greedy next token per kernel: {nexts}")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
