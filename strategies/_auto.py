@@ -141,9 +141,11 @@ class StepCostFit:
                 self.xx[i][j] = d * self.xx[i][j] + x[i] * x[j]
 
     def solve(self, prior: tuple[float, float, float]) -> tuple[float, float, float]:
-        """(per step, per layer, per node) seconds; ``prior`` where the data say nothing."""
-        lam = self.strength
-        a = [[self.xx[i][j] + (lam if i == j else 0.0) for j in range(3)] + [self.xy[i] + lam * prior[i]]
+        """(per step, per layer, per node) seconds; the slopes fall back to ``prior`` where the
+        data say nothing (the per-step prior only serves an empty fit)."""
+        # The intercept is not pulled (a wrong prior there would leak into the slopes).
+        lam = (1e-9, self.strength, self.strength)
+        a = [[self.xx[i][j] + (lam[i] if i == j else 0.0) for j in range(3)] + [self.xy[i] + lam[i] * prior[i]]
              for i in range(3)]
         for col in range(3):  # Gauss-Jordan; the ridge term keeps every pivot positive
             a[col] = [v / a[col][col] for v in a[col]]

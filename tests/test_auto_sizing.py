@@ -16,7 +16,8 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, cell_of
+from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, StepCostFit,
+                                        cell_of)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -195,6 +196,69 @@ def test_layer_cost_is_timed_per_layer():
         time.sleep(0.01)
         sizer.layer_done()
     assert 0.009 < sizer.layer_cost < 0.1
+
+
+def test_step_cost_fit_recovers_the_cost_of_a_layer_and_of_a_node():
+    fit = StepCostFit()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        layers = int(torch.randint(0, 5, (1,), generator=gen))
+        nodes = 1 + layers * int(torch.randint(1, 6, (1,), generator=gen))
+        fit.add(layers, nodes, 0.002 + 0.003 * layers + 0.0002 * nodes)
+    step, layer, node = fit.solve((0.0, 0.0, 0.0))  # a prior far off: the data must win
+    # (the ridge pull towards the prior costs some percent at 100 steps' worth of discounted
+    # evidence, more for the node slope, which moves with the layers)
+    assert layer == pytest.approx(0.003, rel=0.1) and node == pytest.approx(0.0002, rel=0.25)
+    assert step == pytest.approx(0.002, rel=0.1)
+
+
+def test_step_cost_fit_keeps_the_prior_where_the_shapes_never_vary():
+    fit = StepCostFit()
+    for _ in range(200):
+        fit.add(2, 9, 0.01)  # one shape only: its cost cannot be split into layers and nodes
+    step, layer, node = fit.solve((0.004, 0.001, 0.0))
+    assert step + 2 * layer + 9 * node == pytest.approx(0.01, rel=0.01)  # it still fits the data
+    assert layer == pytest.approx(0.001, abs=0.002) and abs(node) < 0.001
+
+
+def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> StepStats:
+    return StepStats(tree_size=len(tree), depth=tree.max_depth, accepted=accepted, emitted=accepted + 1,
+                     draft_forwards=tree.max_depth, draft_time=0.0, policy_time=0.0, target_time=target,
+                     verify_time=0.0, other_time=total - target, widths=tree.width_per_depth(),
+                     accepted_ranks=[0] * accepted)
+
+
+def test_a_layer_priced_by_the_fit_stops_growth_the_timed_draft_forward_would_allow():
+    """Steps whose time grows 4 ms per layer although each draft forward is timed at 1 ms
+    (the catch-up and compaction a layer brings happen elsewhere): the sizer prices a layer at
+    what the steps show, so a guess that pays for 1 ms does not pay for 4."""
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.layer_cost = 0.001
+    for i in range(60):
+        depth = 1 + i % 3
+        sizer.begin()
+        tree = sizer.prune(chain_tree(depth + 1, 0.9), _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=depth, total=0.01 + 0.004 * depth, target=0.01))
+        sizer.layer_cost = 0.001  # the timed part stays small
+    # A chain's layer brings one node: the fit may split the 4 ms between them, not lose it.
+    assert sizer.per_layer + sizer.per_node == pytest.approx(0.004, rel=0.1)
+    # 0.5 tokens for a layer: worth 1 ms at the measured rate (~170 tokens/s), not 4 ms.
+    assert sizer.rate * 0.001 < 0.5 < sizer.rate * (sizer.layer_price + sizer.per_node)
+    assert not sizer.worth_growing(0.5, 1.0, 4, None)
+
+
+def test_growth_guesses_that_fail_lower_the_growth_factor():
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.rate = 1.0  # a price of time near zero: every guess grows
+    assert sizer.growth_factor == 1.0
+    for _ in range(30):
+        sizer.begin()
+        tree = chain_tree(3, 0.9)
+        host = sizer.grown(tree)
+        assert sizer.worth_growing(0.9, 0.9, len(tree), None, host.depths[-1])
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=1, total=0.02, target=0.01))  # depth 2 never reached
+    assert sizer.growth_factor < 0.2
 
 
 def test_mu_bandit_settles_on_the_best_gate():
