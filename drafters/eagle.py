@@ -23,6 +23,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
+from specframe.packed_linear import linear_kernel, pack_linears
 from specframe.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -75,6 +76,12 @@ class EagleDrafter(Drafter):
         else:
             head = load_head(options.path, target, kind=self.kind, allow_pickle=options.allow_pickle,
                              dtype=dtype, device=target.device)
+            # A head of its own runs the small-batch linear kernel the target was given
+            # (packed_linears): its forwards are tree layers of a few tokens too. A head passed
+            # in stays as it is (it is the caller's object).
+            kernel = linear_kernel(target.model)
+            if kernel is not None:
+                pack_linears(head, kernel)
         self.head: EagleHead = head.eval()
         self.device = target.device
         self.begin(torch.zeros(1, dtype=torch.long))

@@ -116,44 +116,35 @@ def cell_of(log_q: float, rank: int) -> int:
     return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
 
 
-class StepCostFit:
+class LayerCostFit:
     """Discounted least squares of a step's time beyond the target forward on its number of
-    draft layers and its verified tree size: the marginal cost of one more layer and of one more
-    node, everything included (draft forwards over wider frontiers, the drafter's catch-up and
-    compaction, the policy's and the sizer's host work, verification). The timed pieces miss
-    what grows with the tree elsewhere: on the tiny demo pair a layer cost about twice its
-    timed draft forward, and every verified node about three times its share of the cost
-    curve. A ridge pull towards ``prior`` keeps the coefficients sane while the shapes seen
-    hardly vary."""
+    draft layers: the marginal cost of one more layer, everything included (the draft forward,
+    the drafter's catch-up and compaction, the policy's and the sizer's host work). The timed
+    piece (a layer's draft forward and policy work) misses what grows with depth elsewhere: on
+    the tiny demo pair an extra layer cost about twice its timed part. A ridge pull towards the
+    timed estimate keeps the slope sane while the depths seen hardly vary. (A verified node's
+    cost beyond the cost curve is left out on purpose: tree size moves with depth, and a fit on
+    both split the cost between them at random; measured apart, on the tiny pair's single-layer
+    trees of 4 and 8 nodes, it was nil.)"""
 
     def __init__(self, discount: float = 0.99, strength: float = 3.0) -> None:
         self.discount = discount
         self.strength = strength
-        self.xx = [[0.0] * 3 for _ in range(3)]
-        self.xy = [0.0] * 3
+        self.w = self.x = self.xx = self.y = self.xy = 0.0
 
-    def add(self, layers: int, nodes: int, seconds: float) -> None:
-        """One step: its draft layers, its verified tree size, its time beyond the target."""
-        x, d = (1.0, float(layers), float(nodes)), self.discount
-        for i in range(3):
-            self.xy[i] = d * self.xy[i] + x[i] * seconds
-            for j in range(3):
-                self.xx[i][j] = d * self.xx[i][j] + x[i] * x[j]
+    def add(self, layers: int, seconds: float) -> None:
+        """One step: its draft layers and its time beyond the target forward."""
+        d, x = self.discount, float(layers)
+        self.w, self.x, self.xx = d * self.w + 1.0, d * self.x + x, d * self.xx + x * x
+        self.y, self.xy = d * self.y + seconds, d * self.xy + x * seconds
 
-    def solve(self, prior: tuple[float, float, float]) -> tuple[float, float, float]:
-        """(per step, per layer, per node) seconds; the slopes fall back to ``prior`` where the
-        data say nothing (the per-step prior only serves an empty fit)."""
-        # The intercept is not pulled (a wrong prior there would leak into the slopes).
-        lam = (1e-9, self.strength, self.strength)
-        a = [[self.xx[i][j] + (lam[i] if i == j else 0.0) for j in range(3)] + [self.xy[i] + lam[i] * prior[i]]
-             for i in range(3)]
-        for col in range(3):  # Gauss-Jordan; the ridge term keeps every pivot positive
-            a[col] = [v / a[col][col] for v in a[col]]
-            for row in range(3):
-                if row != col:
-                    f = a[row][col]
-                    a[row] = [v - f * w for v, w in zip(a[row], a[col])]
-        return a[0][3], a[1][3], a[2][3]
+    def slope(self, prior: float) -> float:
+        """Seconds per layer; ``prior`` where the data say nothing (no spread of depths)."""
+        if self.w <= 0.0:
+            return prior
+        var = self.xx - self.x * self.x / self.w  # weighted scatter of the depths
+        cov = self.xy - self.x * self.y / self.w
+        return (cov + self.strength * prior) / (var + self.strength)
 
 
 class HostTree:
@@ -212,10 +203,8 @@ class AutoSizer:
         self.correction = 1.0
         self.overhead = 0.0
         self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), timed, running
-        self.fit = StepCostFit()
+        self.fit = LayerCostFit()
         self.per_layer = 0.0  # fitted marginal seconds of a layer, everything included
-        self.per_node = 0.0  # fitted marginal seconds of a verified node beyond the curve
-        self.mean_nodes = 1.0  # running verified tree size (the overhead's share of per_node)
         self.rate = 0.0  # tokens per second, running (measured on CPU, modelled on GPU)
         self._emitted = self._spent = 0.0  # ... as running emitted tokens over running seconds
         self._guesses: list[tuple[int, float]] = []  # this step's growth guesses (depth, guess)
@@ -277,13 +266,11 @@ class AutoSizer:
         draft seconds of every size (one number: the same for all, e.g. already spent)."""
         times = self.target_times(len(gains) + 1, context)
         drafts = draft if isinstance(draft, list) else [draft] * len(times)
-        # The running overhead holds the mean tree's node costs: price them per size instead.
-        fixed = max(self.overhead - self.per_node * self.mean_nodes, 0.0)
         out, expected = [], 0.0
         for m, t in enumerate(times, start=1):
             if m > 1:
                 expected += gains[m - 2]
-            out.append((1.0 + expected) / (t + drafts[m - 1] + fixed + self.per_node * m))
+            out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
         return out
 
     @property
@@ -298,15 +285,15 @@ class AutoSizer:
         the layer just added times that node's own calibrated conditional (drafts that were
         good keep being good: a matched n-gram continues, a fallback guess does not), times
         :attr:`growth_factor`, how that guess has fared. That must buy the node's marginal
-        target time (the curve's mean slope up to here, plus the fitted cost of a node) plus one
-        draft layer at the running rate (tokens per second). ``depth``: of the layer just added,
+        target time (the curve's mean slope up to here) plus one draft layer (its fitted price)
+        at the running rate (tokens per second). ``depth``: of the layer just added,
         so that :meth:`observe` can check the guess."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
         guess = best_new * c_best
-        grow = guess * self.growth_factor >= self.rate * (slope + self.per_node + self.layer_price)
+        grow = guess * self.growth_factor >= self.rate * (slope + self.layer_price)
         if grow and depth is not None:
             self._guesses.append((depth, guess))
         return grow
@@ -419,10 +406,8 @@ class AutoSizer:
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
-        self.mean_nodes += EMA * (step.tree_size - self.mean_nodes)
-        self.fit.add(step.draft_forwards, step.tree_size, max(step.total_time - target_t, 0.0))
-        _, layer, node = self.fit.solve((self.overhead, self.layer_cost, 0.0))
-        self.per_layer, self.per_node = max(layer, 0.0), max(node, 0.0)
+        self.fit.add(step.draft_forwards, max(step.total_time - target_t, 0.0))
+        self.per_layer = max(self.fit.slope(self.layer_cost), 0.0)
         modelled = model_t + step.draft_time + self.overhead
         # The price of time (tokens per second) is what the steps really yield: measured where
         # the timers wait (a ratio of running sums, not a mean of ratios), else modelled.

@@ -16,7 +16,7 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, StepCostFit,
+from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, LayerCostFit,
                                         cell_of)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
@@ -198,27 +198,23 @@ def test_layer_cost_is_timed_per_layer():
     assert 0.009 < sizer.layer_cost < 0.1
 
 
-def test_step_cost_fit_recovers_the_cost_of_a_layer_and_of_a_node():
-    fit = StepCostFit()
+def test_layer_cost_fit_recovers_the_cost_of_a_layer():
+    fit = LayerCostFit()
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):
         layers = int(torch.randint(0, 5, (1,), generator=gen))
-        nodes = 1 + layers * int(torch.randint(1, 6, (1,), generator=gen))
-        fit.add(layers, nodes, 0.002 + 0.003 * layers + 0.0002 * nodes)
-    step, layer, node = fit.solve((0.0, 0.0, 0.0))  # a prior far off: the data must win
-    # (the ridge pull towards the prior costs some percent at 100 steps' worth of discounted
-    # evidence, more for the node slope, which moves with the layers)
-    assert layer == pytest.approx(0.003, rel=0.1) and node == pytest.approx(0.0002, rel=0.25)
-    assert step == pytest.approx(0.002, rel=0.1)
+        noise = 0.0005 * float(torch.randn(1, generator=gen))
+        fit.add(layers, 0.002 + 0.003 * layers + noise)
+    # a prior far off: the data win (the ridge pull costs a percent at 100 steps' evidence)
+    assert fit.slope(prior=0.0) == pytest.approx(0.003, rel=0.05)
 
 
-def test_step_cost_fit_keeps_the_prior_where_the_shapes_never_vary():
-    fit = StepCostFit()
+def test_layer_cost_fit_keeps_the_prior_where_the_depth_never_varies():
+    fit = LayerCostFit()
     for _ in range(200):
-        fit.add(2, 9, 0.01)  # one shape only: its cost cannot be split into layers and nodes
-    step, layer, node = fit.solve((0.004, 0.001, 0.0))
-    assert step + 2 * layer + 9 * node == pytest.approx(0.01, rel=0.01)  # it still fits the data
-    assert layer == pytest.approx(0.001, abs=0.002) and abs(node) < 0.001
+        fit.add(2, 0.01)  # one depth only: nothing tells a layer's cost from the rest
+    assert fit.slope(prior=0.001) == pytest.approx(0.001)
+    assert LayerCostFit().slope(prior=0.002) == 0.002
 
 
 def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> StepStats:
@@ -240,10 +236,9 @@ def test_a_layer_priced_by_the_fit_stops_growth_the_timed_draft_forward_would_al
         tree = sizer.prune(chain_tree(depth + 1, 0.9), _Session(), choose=False)
         sizer.observe(_verified(tree, accepted=depth, total=0.01 + 0.004 * depth, target=0.01))
         sizer.layer_cost = 0.001  # the timed part stays small
-    # A chain's layer brings one node: the fit may split the 4 ms between them, not lose it.
-    assert sizer.per_layer + sizer.per_node == pytest.approx(0.004, rel=0.1)
+    assert sizer.per_layer == pytest.approx(0.004, rel=0.1)
     # 0.5 tokens for a layer: worth 1 ms at the measured rate (~170 tokens/s), not 4 ms.
-    assert sizer.rate * 0.001 < 0.5 < sizer.rate * (sizer.layer_price + sizer.per_node)
+    assert sizer.rate * 0.001 < 0.5 < sizer.rate * sizer.layer_price
     assert not sizer.worth_growing(0.5, 1.0, 4, None)
 
 

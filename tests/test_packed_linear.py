@@ -83,3 +83,23 @@ def test_speculative_decoding_on_a_fast_linear_model_equals_its_greedy_decoding(
     dec = specframe.SpecDecoder.build(target=model, drafter=("ngram", {}), policy=("talon", {"budget": 8}),
                                       verifier="greedy")
     assert dec.generate(prompt, max_new_tokens=20, eos_token_id=None).tokens == ref
+
+
+@each_kernel
+def test_an_eagle_head_loaded_by_the_drafter_takes_the_targets_kernel(kernel):
+    from specframe.engine import make_plugin
+    from specframe.target import TargetModel, load_causal_lm
+
+    plain = make_plugin("drafters", ("eagle3", {"path": "demo-eagle"}),
+                        TargetModel(load_causal_lm("demo-target", dtype="float32")))
+    assert linear_kernel(plain.head) is None  # an unpacked target: the head stays as loaded
+    model = load_causal_lm("demo-target", dtype="float32")
+    pack_linears(model, kernel)
+    drafter = make_plugin("drafters", ("eagle3", {"path": "demo-eagle"}), TargetModel(model))
+    assert linear_kernel(drafter.head) == kernel
+    prompt = list(range(5, 25))
+    ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, len(prompt):].tolist()
+    dec = specframe.SpecDecoder.build(target=model, drafter=drafter, policy=("talon", {"budget": 8}))
+    out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
+    assert out.tokens == ref and out.tau > 1.0
