@@ -52,8 +52,6 @@ C_MAX = 0.995
 EMA = 0.1  # weight of the newest step in the running timings
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
-GROWTH_PRIOR = 2.0  # pseudo-guesses that fared as guessed (growth_factor starts at 1)
-GROWTH_DISCOUNT = 0.99  # per checked guess: the factor follows a change of text
 FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (model-free tests)
 
 
@@ -116,37 +114,6 @@ def cell_of(log_q: float, rank: int) -> int:
     return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
 
 
-class LayerCostFit:
-    """Discounted least squares of a step's time beyond the target forward on its number of
-    draft layers: the marginal cost of one more layer, everything included (the draft forward,
-    the drafter's catch-up and compaction, the policy's and the sizer's host work). The timed
-    piece (a layer's draft forward and policy work) misses what grows with depth elsewhere: on
-    the tiny demo pair an extra layer cost about twice its timed part. A ridge pull towards the
-    timed estimate keeps the slope sane while the depths seen hardly vary. (A verified node's
-    cost beyond the cost curve is left out on purpose: tree size moves with depth, and a fit on
-    both split the cost between them at random; measured apart, on the tiny pair's single-layer
-    trees of 4 and 8 nodes, it was nil.)"""
-
-    def __init__(self, discount: float = 0.99, strength: float = 3.0) -> None:
-        self.discount = discount
-        self.strength = strength
-        self.w = self.x = self.xx = self.y = self.xy = 0.0
-
-    def add(self, layers: int, seconds: float) -> None:
-        """One step: its draft layers and its time beyond the target forward."""
-        d, x = self.discount, float(layers)
-        self.w, self.x, self.xx = d * self.w + 1.0, d * self.x + x, d * self.xx + x * x
-        self.y, self.xy = d * self.y + seconds, d * self.xy + x * seconds
-
-    def slope(self, prior: float) -> float:
-        """Seconds per layer; ``prior`` where the data say nothing (no spread of depths)."""
-        if self.w <= 0.0:
-            return prior
-        var = self.xx - self.x * self.x / self.w  # weighted scatter of the depths
-        cov = self.xy - self.x * self.y / self.w
-        return (cov + self.strength * prior) / (var + self.strength)
-
-
 class HostTree:
     """Host lists of a tree being scored: parents, ranks, depths, cells, calibrated log path
     probabilities. Grown layer by layer (one read per layer) or read whole (one read)."""
@@ -202,13 +169,8 @@ class AutoSizer:
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
-        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), timed, running
-        self.fit = LayerCostFit()
-        self.per_layer = 0.0  # fitted marginal seconds of a layer, everything included
-        self.rate = 0.0  # tokens per second, running (measured on CPU, modelled on GPU)
-        self._emitted = self._spent = 0.0  # ... as running emitted tokens over running seconds
-        self._guesses: list[tuple[int, float]] = []  # this step's growth guesses (depth, guess)
-        self._guessed = self._realised = 0.0  # discounted sums over the guesses checked
+        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
+        self.rate = 0.0  # tokens per modelled second, running
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive plain steps that nothing would have paid for
         self._times: dict[int, list[float]] = {}
@@ -273,44 +235,18 @@ class AutoSizer:
             out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
         return out
 
-    @property
-    def layer_price(self) -> float:
-        """Seconds one more draft layer costs: the fitted marginal cost, at least its timed part."""
-        return max(self.per_layer, self.layer_cost)
-
-    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
-                      depth: int | None = None) -> bool:
+    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None) -> bool:
         """Whether drafting another layer can pay. The next layer's best node is expected to be
         accepted with probability ``best_new * c_best``: the best calibrated path probability of
         the layer just added times that node's own calibrated conditional (drafts that were
-        good keep being good: a matched n-gram continues, a fallback guess does not), times
-        :attr:`growth_factor`, how that guess has fared. That must buy the node's marginal
-        target time (the curve's mean slope up to here) plus one draft layer (its fitted price)
-        at the running rate (tokens per second). ``depth``: of the layer just added,
-        so that :meth:`observe` can check the guess."""
+        good keep being good: a matched n-gram continues, a fallback guess does not). That must
+        buy the node's marginal target time (the curve's mean slope up to here) plus one draft
+        layer at the running rate (tokens per second)."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
-        guess = best_new * c_best
-        grow = guess * self.growth_factor >= self.rate * (slope + self.layer_price)
-        if grow and depth is not None:
-            self._guesses.append((depth, guess))
-        return grow
-
-    @property
-    def growth_factor(self) -> float:
-        """Accepted next layers over guessed ones, for the layers drafted on a guess (discounted,
-        1 until there is evidence): the guess assumes a child as sure as its parent."""
-        return (self._realised + GROWTH_PRIOR) / (self._guessed + GROWTH_PRIOR)
-
-    def _check_guesses(self, accepted: int) -> None:
-        """Score the growth guesses of the step just verified: a layer drafted after depth d
-        paid when the accepted path reached depth d + 1."""
-        for depth, guess in self._guesses:
-            self._guessed = GROWTH_DISCOUNT * self._guessed + guess
-            self._realised = GROWTH_DISCOUNT * self._realised + float(accepted > depth)
-        self._guesses = []
+        return best_new * c_best >= self.rate * (slope + self.layer_cost)
 
     # ------------------------------------------------------------------ growing
     def skip(self, session: DraftSession) -> DraftTree | None:
@@ -330,7 +266,6 @@ class AutoSizer:
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
-        self._guesses = []
         self._host = HostTree()
         self._grown = None
 
@@ -383,10 +318,10 @@ class AutoSizer:
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
         """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
-        deepest, out, price = 0, [0.0], self.layer_price
+        deepest, out = 0, [0.0]
         for i in order:
             deepest = max(deepest, depths[i])
-            out.append(price * deepest)
+            out.append(self.layer_cost * deepest)
         return out
 
     # ------------------------------------------------------------------ learning
@@ -396,7 +331,6 @@ class AutoSizer:
         if last is None or len(last["parents"]) != step.tree_size:
             return 0.0
         self._learn_acceptance(last, step.accepted_ranks)
-        self._check_guesses(step.accepted)
         curve_t = self.target_times(step.tree_size, last["context"])[-1] / self.correction
         if self.sync_timers and curve_t > 0 and step.target_time > 0:
             self.correction += EMA * (min(max(step.target_time / curve_t, 0.2), 5.0) - self.correction)
@@ -406,17 +340,9 @@ class AutoSizer:
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
-        self.fit.add(step.draft_forwards, max(step.total_time - target_t, 0.0))
-        self.per_layer = max(self.fit.slope(self.layer_cost), 0.0)
-        modelled = model_t + step.draft_time + self.overhead
-        # The price of time (tokens per second) is what the steps really yield: measured where
-        # the timers wait (a ratio of running sums, not a mean of ratios), else modelled.
-        spent = step.total_time if self.sync_timers else modelled
-        first = self.rate == 0.0
-        self._emitted = step.emitted if first else self._emitted + EMA * (step.emitted - self._emitted)
-        self._spent = spent if first else self._spent + EMA * (spent - self._spent)
-        self.rate = self._emitted / max(self._spent, 1e-9)
-        return step.emitted / max(modelled, 1e-9)
+        rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
+        self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)
+        return rate
 
     def _learn_acceptance(self, last: dict[str, Any], accepted_ranks: list[int]) -> None:
         """Walk the accepted path by ranks; every child of a path node was tried."""
@@ -533,7 +459,7 @@ def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tens
     if best is None:
         return False
     return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(host.log_c[best]), len(tree),
-                                   getattr(session, "context_len", None), host.depths[best])
+                                   getattr(session, "context_len", None))
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

@@ -16,7 +16,7 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, LayerCostFit,
+from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, _subtree,
                                         cell_of)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
@@ -198,62 +198,23 @@ def test_layer_cost_is_timed_per_layer():
     assert 0.009 < sizer.layer_cost < 0.1
 
 
-def test_layer_cost_fit_recovers_the_cost_of_a_layer():
-    fit = LayerCostFit()
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(300):
-        layers = int(torch.randint(0, 5, (1,), generator=gen))
-        noise = 0.0005 * float(torch.randn(1, generator=gen))
-        fit.add(layers, 0.002 + 0.003 * layers + noise)
-    # a prior far off: the data win (the ridge pull costs a percent at 100 steps' evidence)
-    assert fit.slope(prior=0.0) == pytest.approx(0.003, rel=0.05)
-
-
-def test_layer_cost_fit_keeps_the_prior_where_the_depth_never_varies():
-    fit = LayerCostFit()
-    for _ in range(200):
-        fit.add(2, 0.01)  # one depth only: nothing tells a layer's cost from the rest
-    assert fit.slope(prior=0.001) == pytest.approx(0.001)
-    assert LayerCostFit().slope(prior=0.002) == 0.002
-
-
-def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> StepStats:
-    return StepStats(tree_size=len(tree), depth=tree.max_depth, accepted=accepted, emitted=accepted + 1,
-                     draft_forwards=tree.max_depth, draft_time=0.0, policy_time=0.0, target_time=target,
-                     verify_time=0.0, other_time=total - target, widths=tree.width_per_depth(),
-                     accepted_ranks=[0] * accepted)
-
-
-def test_a_layer_priced_by_the_fit_stops_growth_the_timed_draft_forward_would_allow():
-    """Steps whose time grows 4 ms per layer although each draft forward is timed at 1 ms
-    (the catch-up and compaction a layer brings happen elsewhere): the sizer prices a layer at
-    what the steps show, so a guess that pays for 1 ms does not pay for 4."""
-    sizer = sizer_with(FLAT, 0.9)
-    sizer.layer_cost = 0.001
-    for i in range(60):
-        depth = 1 + i % 3
-        sizer.begin()
-        tree = sizer.prune(chain_tree(depth + 1, 0.9), _Session(), choose=False)
-        sizer.observe(_verified(tree, accepted=depth, total=0.01 + 0.004 * depth, target=0.01))
-        sizer.layer_cost = 0.001  # the timed part stays small
-    assert sizer.per_layer == pytest.approx(0.004, rel=0.1)
-    # 0.5 tokens for a layer: worth 1 ms at the measured rate (~170 tokens/s), not 4 ms.
-    assert sizer.rate * 0.001 < 0.5 < sizer.rate * sizer.layer_price
-    assert not sizer.worth_growing(0.5, 1.0, 4, None)
-
-
-def test_growth_guesses_that_fail_lower_the_growth_factor():
-    sizer = sizer_with(FLAT, 0.9)
-    sizer.rate = 1.0  # a price of time near zero: every guess grows
-    assert sizer.growth_factor == 1.0
-    for _ in range(30):
-        sizer.begin()
-        tree = chain_tree(3, 0.9)
-        host = sizer.grown(tree)
-        assert sizer.worth_growing(0.9, 0.9, len(tree), None, host.depths[-1])
-        sizer.prune(tree, _Session(), choose=False)
-        sizer.observe(_verified(tree, accepted=1, total=0.02, target=0.01))  # depth 2 never reached
-    assert sizer.growth_factor < 0.2
+@pytest.mark.parametrize("keep", [[0], [0, 1], [0, 2, 6], [0, 1, 3, 4], [0, 1, 2, 3, 4, 5, 6]])
+def test_host_built_subtree_equals_select(keep):
+    """The pruner's fast path (indices and re-indexed parents known on the host) beside
+    DraftTree.select, the checked reference; origins compose over a second select too."""
+    tree = DraftTree.root(3)
+    tree = tree.add_nodes(torch.tensor([0, 0, 0]), torch.tensor([5, 6, 7]), torch.log(torch.tensor([0.5, 0.3, 0.2])),
+                          torch.arange(3))
+    tree = tree.add_nodes(torch.tensor([1, 1, 2]), torch.tensor([8, 9, 10]), tree.logp[[1, 1, 2]] - 1.0,
+                          torch.tensor([0, 1, 0]))
+    tree = tree.select(torch.arange(7))  # give it origins, as after an earlier select
+    index = {old: new for new, old in enumerate(keep)}
+    parents = [index[int(tree.parents[i])] if i else -1 for i in keep]
+    fast, ref = _subtree(tree, keep, parents), tree.select(torch.tensor(keep))
+    for name in ("tokens", "parents", "depths", "logp", "ranks"):
+        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+    assert torch.equal(fast.origins(), ref.origins())
+    fast.check_valid(len(fast))
 
 
 def test_mu_bandit_settles_on_the_best_gate():
