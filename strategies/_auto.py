@@ -52,6 +52,8 @@ C_MAX = 0.995
 EMA = 0.1  # weight of the newest step in the running timings
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
+GROWTH_PRIOR = 2.0  # pseudo-guesses that fared as guessed (growth_factor starts at 1)
+GROWTH_DISCOUNT = 0.99  # per checked guess: the factor follows a change of text
 FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (model-free tests)
 
 
@@ -171,6 +173,8 @@ class AutoSizer:
         self.overhead = 0.0
         self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
         self.rate = 0.0  # tokens per modelled second, running
+        self._guesses: list[tuple[int, float]] = []  # this step's growth guesses (depth, guess)
+        self._guessed = self._realised = 0.0  # discounted sums over the guesses checked
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive plain steps that nothing would have paid for
         self._times: dict[int, list[float]] = {}
@@ -235,18 +239,39 @@ class AutoSizer:
             out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
         return out
 
-    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None) -> bool:
+    def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
+                      depth: int | None = None) -> bool:
         """Whether drafting another layer can pay. The next layer's best node is expected to be
         accepted with probability ``best_new * c_best``: the best calibrated path probability of
         the layer just added times that node's own calibrated conditional (drafts that were
-        good keep being good: a matched n-gram continues, a fallback guess does not). That must
-        buy the node's marginal target time (the curve's mean slope up to here) plus one draft
-        layer at the running rate (tokens per second)."""
+        good keep being good: a matched n-gram continues, a fallback guess does not), times
+        :attr:`growth_factor`, how that guess has fared. That must buy the node's marginal
+        target time (the curve's mean slope up to here) plus one draft layer at the running
+        rate (tokens per second). ``depth``: of the layer just added, so that :meth:`observe`
+        can check the guess."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
         times = self.target_times(min(size + 1, self.max_size) + 1, context)
         slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
-        return best_new * c_best >= self.rate * (slope + self.layer_cost)
+        guess = best_new * c_best
+        grow = guess * self.growth_factor >= self.rate * (slope + self.layer_cost)
+        if grow and depth is not None:
+            self._guesses.append((depth, guess))
+        return grow
+
+    @property
+    def growth_factor(self) -> float:
+        """Accepted next layers over guessed ones, for the layers drafted on a guess (discounted,
+        1 until there is evidence): the guess assumes a child as sure as its parent."""
+        return (self._realised + GROWTH_PRIOR) / (self._guessed + GROWTH_PRIOR)
+
+    def _check_guesses(self, accepted: int) -> None:
+        """Score the growth guesses of the step just verified: a layer drafted after depth d
+        paid when the accepted path reached depth d + 1."""
+        for depth, guess in self._guesses:
+            self._guessed = GROWTH_DISCOUNT * self._guessed + guess
+            self._realised = GROWTH_DISCOUNT * self._realised + float(accepted > depth)
+        self._guesses = []
 
     # ------------------------------------------------------------------ growing
     def skip(self, session: DraftSession) -> DraftTree | None:
@@ -266,6 +291,7 @@ class AutoSizer:
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
+        self._guesses = []
         self._host = HostTree()
         self._grown = None
 
@@ -331,6 +357,7 @@ class AutoSizer:
         if last is None or len(last["parents"]) != step.tree_size:
             return 0.0
         self._learn_acceptance(last, step.accepted_ranks)
+        self._check_guesses(step.accepted)
         curve_t = self.target_times(step.tree_size, last["context"])[-1] / self.correction
         if self.sync_timers and curve_t > 0 and step.target_time > 0:
             self.correction += EMA * (min(max(step.target_time / curve_t, 0.2), 5.0) - self.correction)
@@ -459,7 +486,7 @@ def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tens
     if best is None:
         return False
     return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(host.log_c[best]), len(tree),
-                                   getattr(session, "context_len", None))
+                                   getattr(session, "context_len", None), host.depths[best])
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

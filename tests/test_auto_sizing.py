@@ -217,6 +217,47 @@ def test_host_built_subtree_equals_select(keep):
     fast.check_valid(len(fast))
 
 
+def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> StepStats:
+    return StepStats(tree_size=len(tree), depth=tree.max_depth, accepted=accepted, emitted=accepted + 1,
+                     draft_forwards=tree.max_depth, draft_time=0.0, policy_time=0.0, target_time=target,
+                     verify_time=0.0, other_time=total - target, widths=tree.width_per_depth(),
+                     accepted_ranks=[0] * accepted)
+
+
+def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
+    """'A child as sure as its parent' is checked against the accepted depth: guesses that
+    never pay bring the factor down until the same guess no longer grows the tree."""
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.rate = 1.0  # a price of time near zero: at factor 1 every such guess grows
+    assert sizer.growth_factor == 1.0
+    for _ in range(30):
+        sizer.begin()
+        tree = chain_tree(3, 0.9)
+        host = sizer.grown(tree)
+        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])  # grow after layer 1 ...
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=1, total=0.02, target=0.01))  # ... depth 2 never reached
+    assert sizer.growth_factor < 0.2
+    # Price of a layer: 20 tokens/s x (0.01 s + the flat curve's zero slope) = 0.2 tokens; the
+    # guess 0.81 would buy it at factor 1, not at the learned one.
+    sizer.rate, sizer.layer_cost = 20.0, 0.01
+    assert 0.81 >= sizer.rate * sizer.layer_cost
+    assert not sizer.worth_growing(0.9, 0.9, 2, None, 1)
+
+
+def test_growth_guesses_that_pay_keep_the_factor_near_one():
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.rate = 1.0
+    for _ in range(30):
+        sizer.begin()
+        tree = chain_tree(3, 0.9)
+        host = sizer.grown(tree)
+        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])  # grow after layer 1 ...
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=2, total=0.02, target=0.01))  # ... depth 2 reached
+    assert sizer.growth_factor > 1.0  # paid more often than the 0.81 guessed
+
+
 def test_mu_bandit_settles_on_the_best_gate():
     gen = torch.Generator().manual_seed(0)
     best = {0.01: 1.0, 0.03: 1.3, 0.1: 1.1, 0.3: 0.9, 1.0: 0.7}
