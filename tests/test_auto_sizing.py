@@ -224,19 +224,25 @@ def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> St
                      accepted_ranks=[0] * accepted)
 
 
+def _guess_after_layer_one(sizer: AutoSizer, accepted: int, steps: int = 30) -> None:
+    """Steps that guess (0.9 x 0.9) a second layer is worth drafting, then verify a 3-node chain
+    with ``accepted`` drafted tokens accepted."""
+    for _ in range(steps):
+        sizer.begin()
+        tree = chain_tree(3, 0.9)
+        host = sizer.grown(tree)
+        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=accepted, total=0.02, target=0.01))
+
+
 def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
     """'A child as sure as its parent' is checked against the accepted depth: guesses that
     never pay bring the factor down until the same guess no longer grows the tree."""
     sizer = sizer_with(FLAT, 0.9)
     sizer.rate = 1.0  # a price of time near zero: at factor 1 every such guess grows
     assert sizer.growth_factor == 1.0
-    for _ in range(30):
-        sizer.begin()
-        tree = chain_tree(3, 0.9)
-        host = sizer.grown(tree)
-        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])  # grow after layer 1 ...
-        sizer.prune(tree, _Session(), choose=False)
-        sizer.observe(_verified(tree, accepted=1, total=0.02, target=0.01))  # ... depth 2 never reached
+    _guess_after_layer_one(sizer, accepted=1)  # depth 2 never reached
     assert sizer.growth_factor < 0.2
     # Price of a layer: 20 tokens/s x (0.01 s + the flat curve's zero slope) = 0.2 tokens; the
     # guess 0.81 would buy it at factor 1, not at the learned one.
@@ -248,13 +254,7 @@ def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
 def test_growth_guesses_that_pay_keep_the_factor_near_one():
     sizer = sizer_with(FLAT, 0.9)
     sizer.rate = 1.0
-    for _ in range(30):
-        sizer.begin()
-        tree = chain_tree(3, 0.9)
-        host = sizer.grown(tree)
-        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])  # grow after layer 1 ...
-        sizer.prune(tree, _Session(), choose=False)
-        sizer.observe(_verified(tree, accepted=2, total=0.02, target=0.01))  # ... depth 2 reached
+    _guess_after_layer_one(sizer, accepted=2)  # depth 2 reached
     assert sizer.growth_factor > 1.0  # paid more often than the 0.81 guessed
 
 
