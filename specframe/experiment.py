@@ -87,10 +87,9 @@ class ModelPool:
     def _build(self, spec: ModelSpec, is_target: bool) -> Any:
         model = self._build_plain(spec, is_target)
         if spec.packed_linears:
-            from .packed_linear import pack_linears
+            from .packed_linear import kernel_option, pack_linears
 
-            kernel = "auto" if spec.packed_linears is True else str(spec.packed_linears)
-            pack_linears(model, kernel)
+            pack_linears(model, kernel_option(spec.packed_linears))
         return model
 
     def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:

@@ -124,9 +124,11 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = (1, 4, 16), reps: i
     (median of ``reps`` rounds, kernels taking turns so a change of load hits both). The answer
     is kept for the process, so every load of one model gets the same kernel (and cost curve)."""
     kernels = available_kernels()
+    if not kernels:
+        raise RuntimeError("packed linears need a torch build with oneDNN or MKL (x86 CPU wheels have both)")
     layers = _linears(model)
     if len(kernels) < 2 or not layers:
-        return kernels[0] if kernels else "unavailable"
+        return kernels[0]
     largest = max((child for _, _, child in layers), key=lambda c: c.weight.numel())
     key = (largest.out_features, largest.in_features, torch.get_num_threads())
     if key not in _FASTEST:
@@ -163,11 +165,17 @@ def pack_linears(model: nn.Module, kernel: str = "auto", buckets: tuple[int, ...
     if kernel == "auto":
         kernel = fastest_kernel(model)
     if kernel not in available_kernels():
-        library = {"mkl": "MKL", "onednn": "oneDNN"}.get(kernel, "oneDNN or MKL")
+        library = {"mkl": "MKL", "onednn": "oneDNN"}[kernel]
         raise RuntimeError(f"packed linears need a torch build with {library} (x86 CPU wheels have both)")
     for parent, name, child in _linears(model):
         setattr(parent, name, _wrap(child, kernel, buckets))
     return kernel
+
+
+def kernel_option(packed_linears: bool | str) -> str:
+    """The :func:`pack_linears` kernel of a ``packed_linears`` setting that is on: ``True``
+    means ``"auto"``, a string names the kernel."""
+    return "auto" if packed_linears is True else str(packed_linears)
 
 
 def linear_kernel(model: nn.Module) -> str | None:

@@ -298,9 +298,9 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_causal_lm(name, dtype=dtype, device=torch.device(device))
     if packed_linears:
-        from .packed_linear import pack_linears
+        from .packed_linear import kernel_option, pack_linears
 
-        pack_linears(model, "auto" if packed_linears is True else str(packed_linears))
+        pack_linears(model, kernel_option(packed_linears))
     target = TargetModel(model)
     curve = measure(target, sizes, cache_lens, reps)
     path = save(curve)
