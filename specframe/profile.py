@@ -185,21 +185,21 @@ def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple
     """
     device, vocab = target.device, target.vocab_size
     usable = [c for c in cache_lens if c + max(sizes) < target.max_positions] or [1]
-    seconds = []
-    for cache_len in usable:
-        target.reset()
-        if cache_len > 1:
-            target.causal_forward(torch.arange(cache_len - 1, device=device) % vocab)
-        trees = [balanced_tree(n, vocab) for n in sizes]
-        # Sizes take turns within each round, so a change of load on a shared machine hits
-        # every size alike instead of bending the curve; round 0 is a warm-up.
-        runs: list[list[float]] = [[] for _ in sizes]
-        for rep in range(reps + 1):
+    trees = [balanced_tree(n, vocab) for n in sizes]
+    # Every round visits every cache length and, within it, every size in turn, so a change of
+    # load on a shared machine hits all points alike instead of bending the curve (or tilting
+    # one cache length against another); round 0 is a warm-up. The prefix is rebuilt per visit.
+    runs = [[[] for _ in sizes] for _ in usable]
+    for rep in range(reps + 1):
+        for i, cache_len in enumerate(usable):
+            target.reset()
+            if cache_len > 1:
+                target.causal_forward(torch.arange(cache_len - 1, device=device) % vocab)
             for j, tree in enumerate(trees):
                 spent = _time_tree(target, tree, cache_len)
                 if rep:
-                    runs[j].append(spent)
-        seconds.append([statistics.median(r) for r in runs])
+                    runs[i][j].append(spent)
+    seconds = [[statistics.median(r) for r in row] for row in runs]
     target.reset()
     return CostCurve(curve_key(target.model, device, target.dtype), list(sizes), usable, seconds)
 

@@ -3,10 +3,12 @@
 Model (docs/auto-sizing.md has the argument):
 
 * Calibration. ``c(u)`` = P(node u accepted | its parent accepted) is learned online, binned by
-  the draft's conditional probability of u and by whether u is its parent's top-ranked child.
-  A node is *tried* when its parent is on the accepted path; it *succeeds* when it is on the
-  path itself. Each bin is a Beta posterior mean with an optimistic prior (every bin starts at
-  >= 0.5), so new kinds of nodes get verified until the data says otherwise.
+  the draft's conditional probability of u, by whether u is its parent's top-ranked child and
+  by u's depth (1, 2, 3 or more: a draft that survived two checks is likelier to be right, e.g.
+  a copied span of the prompt). A node is *tried* when its parent is on the accepted path; it
+  *succeeds* when it is on the path itself. Each bin is a Beta posterior mean with an
+  optimistic prior (every bin starts at >= 0.5), so new kinds of nodes get verified until the
+  data says otherwise.
 * Expected accepted length. The calibrated path probability of u is the product of ``c`` along
   its path; E[accepted | tree] = sum of the calibrated path probabilities of its drafted nodes.
   Path probabilities only decrease along a path, so the top-n nodes form a prefix-closed tree.
@@ -20,7 +22,9 @@ Model (docs/auto-sizing.md has the argument):
   a cap of twice the size that pays in steady state over the last few steps (where a size also
   pays for the draft layers it needs), and growing policies stop adding layers whose best node
   could not pay for itself. In a dry spell (trees cut to the root for a while) the drafter is
-  only asked on one step in four.
+  only asked on one step in four. A drafter whose layer costs next to nothing against a target
+  forward (the n-gram lookup) is exempt from both: its waste is nil, and a long match found at
+  once is worth more than the time saved.
 
 The bookkeeping runs on the host over plain lists (a layer is read back once): a tree of at most
 a few hundred nodes costs less in Python than in a dozen tiny tensor ops per layer.
@@ -53,44 +57,50 @@ EMA = 0.1  # weight of the newest step in the running timings
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
 GROWTH_PRIOR = 2.0  # pseudo-guesses that fared as guessed (growth_factor starts at 1)
-GROWTH_DISCOUNT = 0.99  # per checked guess: the factor follows a change of text
+GROWTH_DISCOUNT = 0.99  # per verified step: the factor follows a change of text
 FALLBACK_STEP_SECONDS = 1e-3  # flat curve used until a target is attached (model-free tests)
+#: Depth classes of the calibration: depth 1, 2, ..., DEPTHS or more.
+DEPTHS = 3
+#: A draft layer cheaper than this fraction of T(1) is free: no build cap, no dry-spell skips.
+CHEAP_LAYER = 0.02
 
 
 class Calibration:
-    """Online P(accepted | parent accepted) per (draft-probability bin, top-ranked or not)."""
+    """Online P(accepted | parent accepted) per (top-ranked or not, depth class, draft-probability
+    bin): cells ``[2, DEPTHS, BINS]``, stored flat."""
 
     BINS = len(Q_EDGES) + 1
+    SHAPE = (2, DEPTHS, BINS)
 
     def __init__(self) -> None:
         upper = list(Q_EDGES) + [1.0]
-        # Flat cells: rank class * BINS + bin; class 0 = top-ranked children, 1 = the others
-        # (and unknown ranks). Plain lists: a step updates a few cells, and tensor ops on 26
-        # numbers cost more than the Python (the sizer runs on every step of a tiny model).
-        self.prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper] * 2
-        self.tried_counts = [0.0] * (2 * self.BINS)
-        self.accepted_counts = [0.0] * (2 * self.BINS)
+        # Flat cells (see cell_of); rank class 0 = top-ranked children, 1 = the others (and
+        # unknown ranks). Plain lists: a step updates a few cells, and tensor ops on 78 numbers
+        # cost more than the Python (the sizer runs on every step of a tiny model).
+        self.prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper] * (2 * DEPTHS)
+        self.tried_counts = [0.0] * len(self.prior)
+        self.accepted_counts = [0.0] * len(self.prior)
         self._log_c: list[float] | None = None
 
     @property
     def tried(self) -> torch.Tensor:
-        """Tries per ``[rank class, bin]`` (a copy)."""
-        return torch.tensor(self.tried_counts, dtype=torch.float64).view(2, self.BINS)
+        """Tries per ``[rank class, depth class, bin]`` (a copy)."""
+        return torch.tensor(self.tried_counts, dtype=torch.float64).view(self.SHAPE)
 
     @property
     def accepted(self) -> torch.Tensor:
-        """Acceptances per ``[rank class, bin]`` (a copy)."""
-        return torch.tensor(self.accepted_counts, dtype=torch.float64).view(2, self.BINS)
+        """Acceptances per ``[rank class, depth class, bin]`` (a copy)."""
+        return torch.tensor(self.accepted_counts, dtype=torch.float64).view(self.SHAPE)
 
     def set_counts(self, tried: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Replace the counts (``[2, BINS]`` each): seeds a calibration, e.g. in tests."""
+        """Replace the counts (``SHAPE`` each): seeds a calibration, e.g. in tests."""
         self.tried_counts = tried.double().flatten().tolist()
         self.accepted_counts = accepted.double().flatten().tolist()
         self._log_c = None
 
     def probabilities(self) -> torch.Tensor:
-        """Posterior mean ``c`` per ``[rank class, bin]``."""
-        return torch.tensor([math.exp(v) for v in self.log_c()], dtype=torch.float64).view(2, self.BINS)
+        """Posterior mean ``c`` per ``[rank class, depth class, bin]``."""
+        return torch.tensor([math.exp(v) for v in self.log_c()], dtype=torch.float64).view(self.SHAPE)
 
     def log_c(self) -> list[float]:
         """``log c`` per flat cell, recomputed after each update."""
@@ -109,11 +119,21 @@ class Calibration:
         self._log_c = None
 
 
-def cell_of(log_q: float, rank: int) -> int:
-    """Calibration cell of a node: the bin of its conditional draft probability ``exp(log_q)``
-    and whether it is its parent's top-ranked child."""
+def cell_of(log_q: float, rank: int, depth: int = 1) -> int:
+    """Flat calibration cell of a node: whether it is its parent's top-ranked child, its depth
+    class (``min(depth, DEPTHS)``) and the bin of its conditional draft probability
+    ``exp(log_q)``."""
     q = math.exp(min(log_q, 0.0))
-    return (0 if rank == 0 else Calibration.BINS) + bisect.bisect_right(Q_EDGES, q)
+    row = (0 if rank == 0 else DEPTHS) + min(max(depth, 1), DEPTHS) - 1
+    return row * Calibration.BINS + bisect.bisect_right(Q_EDGES, q)
+
+
+def deeper(cell: int) -> int:
+    """The cell of a node like ``cell``'s (same rank class and probability bin) one level
+    deeper: what the growth guess prices a child with."""
+    row, b = divmod(cell, Calibration.BINS)
+    depth_class = row % DEPTHS
+    return cell if depth_class == DEPTHS - 1 else cell + Calibration.BINS
 
 
 class HostTree:
@@ -144,10 +164,11 @@ class HostTree:
         table = calibration.log_c()
         for j in range(m):
             parent, rank = int(links[j]), int(ranks[j])
-            cell = cell_of(self.logp[k + j] - self.logp[parent], rank)
+            depth = self.depths[parent] + 1
+            cell = cell_of(self.logp[k + j] - self.logp[parent], rank, depth)
             self.parents.append(parent)
             self.ranks.append(rank)
-            self.depths.append(self.depths[parent] + 1)
+            self.depths.append(depth)
             self.cells.append(cell)
             self.log_c.append(table[cell])
             self.cal.append(self.cal[parent] + table[cell])
@@ -171,10 +192,14 @@ class AutoSizer:
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
-        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
+        self.first_layer_cost = 0.0  # seconds of a build's first layer (forward + policy work), running
+        self.layer_cost = 0.0  # ... of each later layer
+        self._layers = 0  # layers timed in this build
         self.rate = 0.0  # tokens per modelled second, running
-        self._guesses: list[tuple[int, float]] = []  # this step's growth guesses (depth, guess)
-        self._guessed = self._realised = 0.0  # discounted sums over the guesses checked
+        self._guesses: list[tuple[int, float, int | None]] = []  # this step's (depth, guess, cell)
+        # Discounted sums over the guesses checked, per calibration cell the guess priced.
+        self._guessed: dict[int | None, float] = {}
+        self._realised: dict[int | None, float] = {}
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive plain steps that nothing would have paid for
         self._times: dict[int, list[float]] = {}
@@ -208,10 +233,25 @@ class AutoSizer:
 
     @property
     def cap(self) -> int:
-        """Build budget of the next tree: twice the size that paid lately, within limits."""
+        """Build budget of the next tree: twice the size that paid lately, within limits (the
+        largest size when drafting is free: growth then stops only where a layer cannot pay)."""
+        if self.cheap_drafts:
+            return self.max_size
         if not self.kept:
             return self.start_cap
         return max(2, min(self.max_size, 2 * max(self.kept)))
+
+    @property
+    def cheap_drafts(self) -> bool:
+        """Whether a draft layer (as measured so far) costs under ``CHEAP_LAYER`` of T(1)."""
+        if self.first_layer_cost <= 0.0 or self.curve is None:
+            return False
+        return max(self.first_layer_cost, self.layer_cost) < CHEAP_LAYER * self.correction * self.curve.time(1, None)
+
+    @property
+    def next_layer_cost(self) -> float:
+        """Seconds of one more layer: the later layers' cost (the first's until one is timed)."""
+        return self.layer_cost if self.layer_cost > 0.0 else self.first_layer_cost
 
     # ------------------------------------------------------------------ cost model
     def target_times(self, n_max: int, context: int | None) -> list[float]:
@@ -240,37 +280,52 @@ class AutoSizer:
         return out
 
     def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
-                      depth: int | None = None) -> bool:
+                      depth: int | None = None, cell: int | None = None) -> bool:
         """Whether drafting another layer can pay. The next layer's best node is expected to be
         accepted with probability ``best_new * c_best``: the best calibrated path probability of
-        the layer just added times that node's own calibrated conditional (drafts that were
-        good keep being good: a matched n-gram continues, a fallback guess does not), times
-        :attr:`growth_factor`, how that guess has fared. That must buy the node's marginal
-        target time (the curve's mean slope up to here) plus one draft layer at the running
-        rate (tokens per second). ``depth``: of the layer just added, so that :meth:`observe`
-        can check the guess."""
+        the layer just added times the calibrated conditional of a node like it (same draft
+        probability bin and rank class) one level deeper (drafts that were good keep being
+        good: a matched n-gram continues, a fallback guess does not), times
+        :meth:`growth_factor` of that ``cell``, how such guesses have fared. That must buy the
+        node's marginal target time (the curve's slope from ``size`` to twice that) plus one
+        draft layer at the running rate (tokens per second). ``depth``: of the layer just added, so that
+        :meth:`observe` can check the guess."""
         if self.rate <= 0.0:
             return True  # nothing measured yet: stay optimistic
-        times = self.target_times(min(size + 1, self.max_size) + 1, context)
-        slope = max(times[-1] - times[0], 0.0) / max(len(times) - 1, 1)
+        # The marginal node time at this size, smoothed over a doubling of the tree (the curve
+        # is noisy; its jump from T(1) to T(2) was paid by the first layer already).
+        top = max(min(2 * size, self.max_size), size + 1)
+        times = self.target_times(top, context)
+        slope = max(times[-1] - times[size - 1], 0.0) / (top - size)
         guess = best_new * c_best
-        grow = guess * self.growth_factor >= self.rate * (slope + self.layer_cost)
+        grow = guess * self.growth_factor(cell) >= self.rate * (slope + self.next_layer_cost)
         if grow and depth is not None:
-            self._guesses.append((depth, guess))
+            self._guesses.append((depth, guess, cell))
         return grow
 
-    @property
-    def growth_factor(self) -> float:
-        """Accepted next layers over guessed ones, for the layers drafted on a guess (discounted,
-        1 until there is evidence): the guess assumes a child as sure as its parent."""
-        return (self._realised + GROWTH_PRIOR) / (self._guessed + GROWTH_PRIOR)
+    def growth_factor(self, cell: int | None = None) -> float:
+        """Accepted next layers over guessed ones, for the layers drafted on a guess priced with
+        ``cell`` (discounted): the guess assumes a child as sure as its parent. ``None``: over
+        all guesses, starting at 1. A cell's own factor shrinks toward that pooled one
+        (``GROWTH_PRIOR`` pseudo-guesses at it), so failed fallback guesses do not hold back
+        matched drafts, and a cell with little evidence follows the rest."""
+        pooled = (self._realised.get(None, 0.0) + GROWTH_PRIOR) / (self._guessed.get(None, 0.0) + GROWTH_PRIOR)
+        if cell is None:
+            return pooled
+        return (self._realised.get(cell, 0.0) + GROWTH_PRIOR * pooled) / (self._guessed.get(cell, 0.0) + GROWTH_PRIOR)
 
     def _check_guesses(self, accepted: int) -> None:
         """Score the growth guesses of the step just verified: a layer drafted after depth d
-        paid when the accepted path reached depth d + 1."""
-        for depth, guess in self._guesses:
-            self._guessed = GROWTH_DISCOUNT * self._guessed + guess
-            self._realised = GROWTH_DISCOUNT * self._realised + float(accepted > depth)
+        paid when the accepted path reached depth d + 1. Every step discounts all cells, so a
+        factor that stopped growth (and with it its own evidence) drifts back to 1 and its
+        guess is tried again."""
+        for cell in self._guessed:
+            self._guessed[cell] *= GROWTH_DISCOUNT
+            self._realised[cell] *= GROWTH_DISCOUNT
+        for depth, guess, cell in self._guesses:
+            for key in {cell, None}:
+                self._guessed[key] = self._guessed.get(key, 0.0) + guess
+                self._realised[key] = self._realised.get(key, 0.0) + float(accepted > depth)
         self._guesses = []
 
     # ------------------------------------------------------------------ growing
@@ -280,8 +335,9 @@ class AutoSizer:
         When the last ``WINDOW`` trees were all cut to the root (nothing drafted would pay),
         drafting again on every step only costs time: the drafter is asked on one step in
         ``PROBE_EVERY``, and the first probe that finds something worth verifying ends the spell.
+        A drafter whose layers are nearly free (:attr:`cheap_drafts`) is asked every step.
         """
-        if self.dry < WINDOW or self.dry % PROBE_EVERY == 0:
+        if self.dry < WINDOW or self.dry % PROBE_EVERY == 0 or self.cheap_drafts:
             return None
         self.dry += 1
         self._last = {"parents": [-1], "ranks": [0], "cells": [0],
@@ -291,18 +347,24 @@ class AutoSizer:
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
+        self._layers = 0
         self._guesses = []
         self._host = HostTree()
         self._grown = None
 
     def layer_done(self) -> None:
         """A layer was drafted and added: fold its wall time (draft forward and the policy's own
-        work) into the running cost of a layer. Timed per layer, not fitted per step, because a
-        step's fixed costs grow with the tree and would be mistaken for per-layer costs."""
+        work) into the running cost of a first or of a later layer. The first carries what a
+        drafter does once per step (an EAGLE head's catch-up on the accepted tokens), so it is
+        priced apart. Timed per layer, not fitted per step, because a step's fixed costs grow
+        with the tree and would be mistaken for per-layer costs."""
         now = time.perf_counter()
         if self._layer_start is not None:
             spent = now - self._layer_start
-            self.layer_cost = spent if self.layer_cost == 0.0 else self.layer_cost + EMA * (spent - self.layer_cost)
+            name = "first_layer_cost" if self._layers == 0 else "layer_cost"
+            old = getattr(self, name)
+            setattr(self, name, spent if old == 0.0 else old + EMA * (spent - old))
+            self._layers += 1
         self._layer_start = now
 
     def grown(self, tree: DraftTree) -> HostTree:
@@ -332,7 +394,9 @@ class AutoSizer:
         # also costs the draft layers it needs (one forward per depth level of its top-n).
         steady = _argmax(self.rates(gains, self._layer_costs(order, host.depths), context)) + 1
         self.kept.append(steady)
-        self.dry = self.dry + 1 if m == 1 and steady == 1 else 0
+        # A dry spell: drafting does not pay for itself in steady state (even if this step's
+        # sunk draft is worth verifying).
+        self.dry = self.dry + 1 if steady == 1 else 0
         keep = _closed(sorted([0] + order[: m - 1]), host.parents)
         index = {old: new for new, old in enumerate(keep)}
         self._last = {"parents": [index[host.parents[i]] if i else -1 for i in keep],
@@ -343,11 +407,12 @@ class AutoSizer:
         return _subtree(tree, keep, self._last["parents"])
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
-        """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
+        """Draft seconds of the top-m trees, m = 1..n: a first layer and the later ones down to
+        their depth (none for m = 1, a plain step)."""
         deepest, out = 0, [0.0]
         for i in order:
             deepest = max(deepest, depths[i])
-            out.append(self.layer_cost * deepest)
+            out.append(self.first_layer_cost + self.next_layer_cost * (deepest - 1))
         return out
 
     # ------------------------------------------------------------------ learning
@@ -485,8 +550,9 @@ def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tens
     best = max(range(start, len(host)), key=lambda i: host.cal[i], default=None)
     if best is None:
         return False
-    return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(host.log_c[best]), len(tree),
-                                   getattr(session, "context_len", None), host.depths[best])
+    cell = deeper(host.cells[best])
+    return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(sizer.calibration.log_c()[cell]), len(tree),
+                                   getattr(session, "context_len", None), host.depths[best], cell)
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

@@ -17,7 +17,7 @@ from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
 from specframe.strategies._auto import (AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, _subtree,
-                                        cell_of)
+                                        cell_of, deeper)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -98,22 +98,30 @@ def test_pruned_tree_is_the_top_n_by_calibrated_path_probability_and_prefix_clos
     assert bool((kept.logp[1:] <= kept.logp[kept.parents[1:]]).all())
 
 
-def test_cells_bin_by_conditional_probability_and_rank():
-    bins = len(Q_EDGES) + 1
-    assert cell_of(math.log(0.95), 0) == len(Q_EDGES) - 1  # the (0.9, 0.97] bin, top-ranked row
-    assert cell_of(math.log(1e-6), 1) == bins  # the lowest bin, "other ranks" row
-    assert cell_of(0.0, 0) == bins - 1  # probability 1: the last bin
+def test_cells_bin_by_conditional_probability_rank_and_depth():
+    shape = Calibration.SHAPE
+    index = lambda rank_class, depth_class, b: (rank_class * shape[1] + depth_class) * shape[2] + b  # noqa: E731
+    assert cell_of(math.log(0.95), 0) == index(0, 0, len(Q_EDGES) - 1)  # the (0.9, 0.97] bin
+    assert cell_of(math.log(1e-6), 1) == index(1, 0, 0)  # the lowest bin, "other ranks"
+    assert cell_of(0.0, 0) == index(0, 0, len(Q_EDGES))  # probability 1: the last bin
+    assert cell_of(0.0, 0, depth=2) == index(0, 1, len(Q_EDGES))
+    assert cell_of(0.0, 3, depth=7) == index(1, shape[1] - 1, len(Q_EDGES))  # deep: the last class
+    # A node one level deeper: the next depth class, the last one stays.
+    assert deeper(cell_of(0.5, 0, depth=1)) == cell_of(0.5, 0, depth=2)
+    assert deeper(cell_of(0.5, 1, depth=9)) == cell_of(0.5, 1, depth=9)
+    assert len({cell_of(math.log(q), r, d) for q in (1e-6, 0.5, 1.0) for r in (0, 1) for d in (1, 2, 3)}) == 18
 
 
 def test_host_tree_scores_path_products_incrementally_and_whole_alike():
     cal = Calibration()
-    cal.record([cell_of(math.log(0.95), 0)] * 8, [True] * 6 + [False] * 2)
+    for depth in (1, 2, 3):  # the chain's nodes fill every depth class
+        cal.record([cell_of(math.log(0.95), 0, depth)] * 8, [True] * 6 + [False] * 2)
     tree = chain_tree(6, 0.95)
     grown = HostTree()
     grown.extend(tree.select(torch.arange(3)), cal)
     grown.extend(tree, cal)
     whole = HostTree.of(tree, cal)
-    c = float(cal.probabilities()[0, len(Q_EDGES) - 1])
+    c = float(cal.probabilities()[0, 0, len(Q_EDGES) - 1])
     assert whole.cal == pytest.approx(grown.cal)
     assert whole.cal == pytest.approx([k * math.log(c) for k in range(6)])
 
@@ -122,7 +130,8 @@ def test_calibration_starts_optimistic_and_learns():
     cal = Calibration()
     assert float(cal.probabilities().min()) >= 0.5
     cal.record([0] * 50, [False] * 50)
-    assert float(cal.probabilities()[0, 0]) < 0.05
+    assert float(cal.probabilities()[0, 0, 0]) < 0.05
+    assert float(cal.probabilities()[0, 1, 0]) >= 0.5  # a deeper node of that bin is not tried yet
 
 
 class _UntimedSession(DraftSession):
@@ -142,37 +151,47 @@ def _fallback_step(tree: DraftTree, session: DraftSession, curve: CostCurve) -> 
                      widths=tree.width_per_depth(), accepted_ranks=[])
 
 
+#: Scales of the CPU curve that make the n-gram lookup's layer (some microseconds of Python) a
+#: dear draft (T(1) = 10 us) or a free one (T(1) = 100 s): a fixed verdict on any machine.
+CURVE_SCALE = {"dear": 1e-5, "free": 100.0}
+
+
+@pytest.mark.parametrize("drafting", sorted(CURVE_SCALE))
 @pytest.mark.parametrize("policy,explores", [
     (("talon", {"budget": "auto", "mu": "auto"}), True), (("chain", {"gamma": "auto"}), True),
     (("eagle", {"budget": "auto"}), True),
     # OPT-Tree's own rule stops after one 1e-6 node, and one node at the prior 0.5 cannot pay
     # T(2) = 1.6 T(1): it never needs to try the guesses.
     (("opt-tree", {"budget": "auto"}), False)])
-def test_ngram_fallback_guesses_are_learned_worthless(policy, explores):
+def test_ngram_fallback_guesses_are_learned_worthless(policy, explores, drafting):
     """With no n-gram match the drafter only offers its 1e-6 fallback; auto must end at plain steps."""
     target = TargetModel(tiny_model("llama", seed=0, vocab_size=64))
     drafter = make_plugin("drafters", "ngram", target)
     drafter.begin(torch.arange(10, 30))  # distinct tokens: nothing ever matches past the prompt
     pol = make_plugin("policies", policy)
-    pol.sizer.curve = CPU
+    curve = CostCurve.synthetic(lambda n: CURVE_SCALE[drafting] * CPU_RATIOS[n], sizes=tuple(CPU_RATIOS))
+    pol.sizer.curve = curve
     sizes, drafted = [], []
     for _ in range(40):
         session = _UntimedSession(drafter, 63, torch.device("cpu"), context_len=21)
         tree = pol.build(session, 64)
         sizes.append(len(tree))
         drafted.append(session.draft_forwards > 0)
-        pol.observe(_fallback_step(tree, session, CPU))
+        pol.observe(_fallback_step(tree, session, curve))
     assert (max(sizes[:3]) > 1) == explores, "the optimistic start must verify some guesses"
     assert sizes[-10:] == [1] * 10
-    # ... and in the dry spell the drafter is only asked on one step in PROBE_EVERY.
-    assert 0 < drafted[-20:].count(True) <= 20 // PROBE_EVERY + 1
+    assert pol.sizer.cheap_drafts == (drafting == "free")
+    if drafting == "dear":  # ... in the dry spell the drafter is only asked on one step in PROBE_EVERY
+        assert 0 < drafted[-20:].count(True) <= 20 // PROBE_EVERY + 1
+    else:  # ... while a free drafter is asked on every step: a match may turn up any time
+        assert drafted[-20:] == [True] * 20
 
 
 def test_matched_ngram_drafts_grow_the_tree_again():
     """After learning that fallbacks are worthless, confident matched drafts still get verified."""
     sizer = sizer_with(CPU, 0.9)
     tried, accepted = sizer.calibration.tried, sizer.calibration.accepted
-    tried[:, 0], accepted[:, 0] = 100.0, 0.0  # the fallback bin: always rejected
+    tried[..., 0], accepted[..., 0] = 100.0, 0.0  # the fallback bin: always rejected
     sizer.calibration.set_counts(tried, accepted)
     assert len(sizer.prune(chain_tree(8, 1e-6), _Session())) == 1
     assert len(sizer.prune(chain_tree(8, 1.0), _Session())) > 1
@@ -189,13 +208,14 @@ def test_build_cap_follows_the_sizes_that_pay():
     assert sizer.cap == 2
 
 
-def test_layer_cost_is_timed_per_layer():
+def test_layer_cost_is_timed_per_layer_first_apart():
     sizer = AutoSizer(16)
     sizer.begin()
-    for _ in range(3):
-        time.sleep(0.01)
+    for pause in (0.05, 0.01, 0.01):
+        time.sleep(pause)
         sizer.layer_done()
-    assert 0.009 < sizer.layer_cost < 0.1
+    assert 0.049 < sizer.first_layer_cost < 0.5
+    assert 0.009 < sizer.layer_cost < 0.045
 
 
 @pytest.mark.parametrize("keep", [[0], [0, 1], [0, 2, 6], [0, 1, 3, 4], [0, 1, 2, 3, 4, 5, 6]])
@@ -224,14 +244,14 @@ def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> St
                      accepted_ranks=[0] * accepted)
 
 
-def _guess_after_layer_one(sizer: AutoSizer, accepted: int, steps: int = 30) -> None:
-    """Steps that guess (0.9 x 0.9) a second layer is worth drafting, then verify a 3-node chain
-    with ``accepted`` drafted tokens accepted."""
+def _guess_after_layer_one(sizer: AutoSizer, accepted: int, steps: int = 30, cell: int | None = None) -> None:
+    """Steps that guess (0.9 x 0.9, priced with ``cell``) a second layer is worth drafting, then
+    verify a 3-node chain with ``accepted`` drafted tokens accepted."""
     for _ in range(steps):
         sizer.begin()
         tree = chain_tree(3, 0.9)
         host = sizer.grown(tree)
-        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1])
+        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1], cell)
         sizer.prune(tree, _Session(), choose=False)
         sizer.observe(_verified(tree, accepted=accepted, total=0.02, target=0.01))
 
@@ -241,9 +261,9 @@ def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
     never pay bring the factor down until the same guess no longer grows the tree."""
     sizer = sizer_with(FLAT, 0.9)
     sizer.rate = 1.0  # a price of time near zero: at factor 1 every such guess grows
-    assert sizer.growth_factor == 1.0
+    assert sizer.growth_factor() == 1.0
     _guess_after_layer_one(sizer, accepted=1)  # depth 2 never reached
-    assert sizer.growth_factor < 0.2
+    assert sizer.growth_factor() < 0.2
     # Price of a layer: 20 tokens/s x (0.01 s + the flat curve's zero slope) = 0.2 tokens; the
     # guess 0.81 would buy it at factor 1, not at the learned one.
     sizer.rate, sizer.layer_cost = 20.0, 0.01
@@ -255,7 +275,53 @@ def test_growth_guesses_that_pay_keep_the_factor_near_one():
     sizer = sizer_with(FLAT, 0.9)
     sizer.rate = 1.0
     _guess_after_layer_one(sizer, accepted=2)  # depth 2 reached
-    assert sizer.growth_factor > 1.0  # paid more often than the 0.81 guessed
+    assert sizer.growth_factor() > 1.0  # paid more often than the 0.81 guessed
+
+
+def test_growth_factor_is_kept_per_cell():
+    """Fallback guesses that never pay must not stop the growth of matched drafts."""
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.rate = 1.0
+    fallback, matched = deeper(cell_of(math.log(1e-6), 0)), deeper(cell_of(0.0, 0))
+    _guess_after_layer_one(sizer, accepted=1, cell=fallback)
+    _guess_after_layer_one(sizer, accepted=2, cell=matched)
+    assert sizer.growth_factor(fallback) < 0.2
+    assert sizer.growth_factor(matched) > 1.0
+    sizer.rate, sizer.layer_cost = 20.0, 0.01
+    assert sizer.worth_growing(0.9, 0.9, 2, None, 1, matched)
+    assert not sizer.worth_growing(0.9, 0.9, 2, None, 1, fallback)
+
+
+def test_a_cell_without_evidence_follows_the_pooled_growth_factor():
+    sizer = sizer_with(FLAT, 0.9)
+    sizer.rate = 1.0
+    _guess_after_layer_one(sizer, accepted=1, cell=deeper(cell_of(math.log(0.5), 0)))
+    untried = deeper(cell_of(math.log(0.95), 1))
+    assert sizer.growth_factor(untried) == pytest.approx(sizer.growth_factor()) and sizer.growth_factor() < 0.2
+
+
+def test_deep_nodes_are_calibrated_apart_from_shallow_ones():
+    """Copied spans: a matched draft that survived two checks is accepted far more often than a
+    first one; the depth class keeps that apart, and the chooser keeps a long chain for it."""
+    sizer = sizer_with(CPU, 0.4)
+    tried, accepted = sizer.calibration.tried, sizer.calibration.accepted
+    accepted[:, 2:, :] = 0.95 * tried[:, 2:, :]  # depth 3 and deeper
+    sizer.calibration.set_counts(tried, accepted)
+    tree = chain_tree(12, 1.0)
+    host = HostTree.of(tree, sizer.calibration)
+    assert [round(math.exp(v), 2) for v in host.log_c[1:5]] == [0.4, 0.4, 0.95, 0.95]
+    assert len(sizer.prune(tree, _Session())) == 12
+    shallow = sizer_with(CPU, 0.4)  # the same chain at 0.4 everywhere does not pay
+    assert len(shallow.prune(tree, _Session())) < 4
+
+
+def test_a_free_drafter_builds_to_the_largest_size():
+    sizer = sizer_with(CPU, 0.5, max_size=40)
+    sizer.kept.extend([1, 1, 1, 1])  # plain steps lately
+    sizer.first_layer_cost = sizer.layer_cost = 0.5 * 0.01  # half a T(1): dear
+    assert sizer.cap == 2
+    sizer.first_layer_cost = sizer.layer_cost = 1e-6  # far under CHEAP_LAYER of T(1)
+    assert sizer.cheap_drafts and sizer.cap == 40
 
 
 def test_mu_bandit_settles_on_the_best_gate():
