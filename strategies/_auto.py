@@ -298,7 +298,11 @@ class AutoSizer:
         times = self.target_times(top, context)
         slope = max(times[-1] - times[size - 1], 0.0) / (top - size)
         guess = best_new * c_best
-        grow = guess * self.growth_factor(cell) >= self.rate * (slope + self.layer_cost)
+        # A free layer (cheap_drafts) needs no second-guessing: over-drafting costs nothing, the
+        # chooser keeps only what pays, and a factor learned on fallback guesses or on prose
+        # must not stop a copied span from being drafted in full.
+        factor = 1.0 if self.cheap_drafts else self.growth_factor(cell)
+        grow = guess * factor >= self.rate * (slope + self.layer_cost)
         if grow and depth is not None:
             self._guesses.append((depth, guess, cell))
         return grow

@@ -16,7 +16,7 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import (WINDOW, AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, _subtree,
+from specframe.strategies._auto import (CHEAP_LAYER, WINDOW, AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, _subtree,
                                         cell_of, deeper)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
@@ -253,7 +253,8 @@ def _guess_after_layer_one(sizer: AutoSizer, accepted: int, steps: int = 30, cel
         sizer.begin()
         tree = chain_tree(3, 0.9)
         host = sizer.grown(tree)
-        sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1], cell)
+        sizer.rate = 1e-3  # time is nearly free, so every guess grows, however slow this machine
+        assert sizer.worth_growing(0.9, 0.9, 2, None, host.depths[1], cell)
         sizer.prune(tree, _Session(), choose=False)
         sizer.observe(_verified(tree, accepted=accepted, total=0.02, target=0.01))
 
@@ -332,6 +333,20 @@ def test_drafting_that_never_pays_for_itself_starts_a_dry_spell():
         if not skipped[-1]:  # a probe drafts, and its tree is chosen as before
             sizer.prune(chain_tree(4, 1.0), _Session())
     assert skipped.count(False) <= 4 + 1 and skipped.count(True) >= 3 * PROBE_EVERY - 1
+
+
+def test_a_free_drafter_ignores_the_growth_factor():
+    """A copied span must be drafted in full even after growth guesses failed elsewhere."""
+    sizer = sizer_with(STEEP, 0.9)  # a node costs 0.01 s: at 40 tokens/s its price is 0.4 tokens
+    sizer.rate = 1e-3
+    cell = deeper(cell_of(0.0, 0))
+    _guess_after_layer_one(sizer, accepted=1, cell=cell)
+    sizer.correction = 1.0  # the steps above taught it their own timings
+    sizer.rate, sizer.layer_cost = 40.0, 0.01 * CHEAP_LAYER  # a dear layer, just
+    assert sizer.growth_factor(cell) < 0.4 and not sizer.cheap_drafts
+    assert not sizer.worth_growing(0.9, 0.9, 2, None, 1, cell)  # 0.81 x factor < 0.4
+    sizer.layer_cost = 1e-6  # the same guess with a free layer: the factor no longer applies
+    assert sizer.cheap_drafts and sizer.worth_growing(0.9, 0.9, 2, None, 1, cell)
 
 
 def test_a_free_drafter_builds_to_the_largest_size():
