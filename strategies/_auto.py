@@ -110,8 +110,7 @@ class Calibration:
         if self._log_c is None:
             means = [0.0] * len(self.prior)
             for cell, (a, t) in enumerate(zip(self.accepted_counts, self.tried_counts)):
-                row, _ = divmod(cell, self.BINS)
-                prior = self.prior[cell] if row % DEPTHS == 0 else means[cell - self.BINS]
+                prior = self.prior[cell] if depth_class(cell) == 0 else means[cell - self.BINS]
                 means[cell] = (a + PRIOR_STRENGTH * prior) / (t + PRIOR_STRENGTH)
             self._log_c = [math.log(min(max(m, 1e-6), C_MAX)) for m in means]
         return self._log_c
@@ -135,12 +134,16 @@ def cell_of(log_q: float, rank: int, depth: int = 1) -> int:
     return row * Calibration.BINS + bisect.bisect_right(Q_EDGES, q)
 
 
+def depth_class(cell: int) -> int:
+    """The depth class (0 = depth 1, ..., ``DEPTHS - 1`` = deeper) of a flat cell of
+    :func:`cell_of`."""
+    return (cell // Calibration.BINS) % DEPTHS
+
+
 def deeper(cell: int) -> int:
     """The cell of a node like ``cell``'s (same rank class and probability bin) one level
     deeper: what the growth guess prices a child with."""
-    row, b = divmod(cell, Calibration.BINS)
-    depth_class = row % DEPTHS
-    return cell if depth_class == DEPTHS - 1 else cell + Calibration.BINS
+    return cell if depth_class(cell) == DEPTHS - 1 else cell + Calibration.BINS
 
 
 class HostTree:
@@ -196,6 +199,7 @@ class AutoSizer:
         self.start_cap = min(int(start_cap), self.max_size)
         self.calibration = Calibration()
         self._curve: Any = None
+        self._plain_step: float | None = None  # T(1) of the curve (see the curve setter)
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
@@ -223,6 +227,8 @@ class AutoSizer:
     def curve(self, curve: Any) -> None:
         self._curve = curve
         self._times = {}  # tabulated from the old curve
+        # T(1) at the shortest cache: the yardstick of cheap_drafts, asked on every layer.
+        self._plain_step = None if curve is None else curve.time(1, None)
 
     def attach(self, target: Any) -> None:
         """Read (or measure and cache) the target's cost curve."""
@@ -249,9 +255,9 @@ class AutoSizer:
     @property
     def cheap_drafts(self) -> bool:
         """Whether a draft layer (as measured so far) costs under ``CHEAP_LAYER`` of T(1)."""
-        if self.layer_cost <= 0.0 or self.curve is None:
+        if self.layer_cost <= 0.0 or self._plain_step is None:
             return False
-        return self.layer_cost < CHEAP_LAYER * self.correction * self.curve.time(1, None)
+        return self.layer_cost < CHEAP_LAYER * self.correction * self._plain_step
 
     # ------------------------------------------------------------------ cost model
     def target_times(self, n_max: int, context: int | None) -> list[float]:

@@ -16,8 +16,8 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import (CHEAP_LAYER, WINDOW, AutoSizer, Calibration, PROBE_EVERY, HostTree, MuBandit, Q_EDGES, _subtree,
-                                        cell_of, deeper)
+from specframe.strategies._auto import (CHEAP_LAYER, PROBE_EVERY, Q_EDGES, WINDOW, AutoSizer, Calibration, HostTree,
+                                        MuBandit, _subtree, cell_of, deeper)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -263,7 +263,6 @@ def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
     """'A child as sure as its parent' is checked against the accepted depth: guesses that
     never pay bring the factor down until the same guess no longer grows the tree."""
     sizer = sizer_with(FLAT, 0.9)
-    sizer.rate = 1.0  # a price of time near zero: at factor 1 every such guess grows
     assert sizer.growth_factor() == 1.0
     _guess_after_layer_one(sizer, accepted=1)  # depth 2 never reached
     assert sizer.growth_factor() < 0.2
@@ -276,7 +275,6 @@ def test_growth_guesses_that_fail_lower_the_growth_factor_and_stop_growth():
 
 def test_growth_guesses_that_pay_keep_the_factor_near_one():
     sizer = sizer_with(FLAT, 0.9)
-    sizer.rate = 1.0
     _guess_after_layer_one(sizer, accepted=2)  # depth 2 reached
     assert sizer.growth_factor() > 1.0  # paid more often than the 0.81 guessed
 
@@ -284,7 +282,6 @@ def test_growth_guesses_that_pay_keep_the_factor_near_one():
 def test_growth_factor_is_kept_per_cell():
     """Fallback guesses that never pay must not stop the growth of matched drafts."""
     sizer = sizer_with(FLAT, 0.9)
-    sizer.rate = 1.0
     fallback, matched = deeper(cell_of(math.log(1e-6), 0)), deeper(cell_of(0.0, 0))
     _guess_after_layer_one(sizer, accepted=1, cell=fallback)
     _guess_after_layer_one(sizer, accepted=2, cell=matched)
@@ -297,7 +294,6 @@ def test_growth_factor_is_kept_per_cell():
 
 def test_a_cell_without_evidence_follows_the_pooled_growth_factor():
     sizer = sizer_with(FLAT, 0.9)
-    sizer.rate = 1.0
     _guess_after_layer_one(sizer, accepted=1, cell=deeper(cell_of(math.log(0.5), 0)))
     untried = deeper(cell_of(math.log(0.95), 1))
     assert sizer.growth_factor(untried) == pytest.approx(sizer.growth_factor()) and sizer.growth_factor() < 0.2
@@ -338,7 +334,6 @@ def test_drafting_that_never_pays_for_itself_starts_a_dry_spell():
 def test_a_free_drafter_ignores_the_growth_factor():
     """A copied span must be drafted in full even after growth guesses failed elsewhere."""
     sizer = sizer_with(STEEP, 0.9)  # a node costs 0.01 s: at 40 tokens/s its price is 0.4 tokens
-    sizer.rate = 1e-3
     cell = deeper(cell_of(0.0, 0))
     _guess_after_layer_one(sizer, accepted=1, cell=cell)
     sizer.correction = 1.0  # the steps above taught it their own timings
