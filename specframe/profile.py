@@ -18,7 +18,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +53,7 @@ class CostCurve:
     sizes: list[int]
     cache_lens: list[int]
     seconds: list[list[float]]
+    _fitted: list[list[float]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def time(self, n: int, cache_len: int | None = None) -> float:
         """T(n) in seconds at ``cache_len`` (None: the shortest measured), interpolated linearly
@@ -63,11 +64,18 @@ class CostCurve:
         return max(_interp(self.cache_lens, rows, cache_len), 0.0)
 
     def times(self, n_max: int, cache_len: int | None = None) -> list[float]:
-        """``[T(1), ..., T(n_max)]``, made non-decreasing (a larger tree never costs less; a
-        measured dip is noise and would make a size chooser jump to it)."""
+        """``[T(1), ..., T(n_max)]`` from the least-squares non-decreasing fit of each measured
+        row (:func:`isotonic`): a larger tree never costs less, and a measured dip is noise that
+        would make a size chooser jump to it. (A running maximum, the earlier fix, lifted every
+        later size to the highest noisy point before it, so a curve that dipped at n = 4
+        read flat from 2 to 12 and trees grew nodes that did cost.)"""
+        if self._fitted is None:
+            self._fitted = [isotonic(row) for row in self.seconds]
         out: list[float] = []
         for n in range(1, n_max + 1):
-            out.append(max(self.time(n, cache_len), out[-1] if out else 0.0))
+            rows = [_interp(self.sizes, row, n) for row in self._fitted]
+            t = rows[0] if cache_len is None or len(rows) == 1 else _interp(self.cache_lens, rows, cache_len)
+            out.append(max(t, out[-1] if out else 0.0, 0.0))
         return out
 
     def ratios(self, cache_len: int | None = None) -> list[float]:
@@ -77,7 +85,9 @@ class CostCurve:
 
     def to_json(self) -> str:
         """The curve as JSON (what the cache file holds)."""
-        return json.dumps(asdict(self), indent=1)
+        data = asdict(self)
+        data.pop("_fitted")
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "CostCurve":
@@ -88,6 +98,19 @@ class CostCurve:
     def synthetic(cls, fn: Callable[[int], float], sizes: tuple[int, ...] = QUICK_SIZES) -> "CostCurve":
         """A curve with T(n) = ``fn(n)`` (tests and projections)."""
         return cls("synthetic", list(sizes), [0], [[float(fn(n)) for n in sizes]])
+
+
+def isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent
+    violators): a run that dips is replaced by its mean."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return [mean for mean, count in blocks for _ in range(int(count))]
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:

@@ -361,19 +361,21 @@ class AutoSizer:
         self._host = HostTree()
         self._grown = None
 
-    def layer_done(self) -> None:
-        """A layer was drafted and added: fold its wall time (draft forward and the policy's own
-        work) into the running cost of a layer. Timed per layer, not fitted per step, because a
-        step's fixed costs grow with the tree and would be mistaken for per-layer costs. First
-        and later layers share one price: the first's extra (an EAGLE head's catch-up on the
-        accepted tokens) stands in for the per-node costs a deeper tree adds outside the layers
-        (bookkeeping, verification), which the layer timer does not see; pricing later layers
-        alone grew the tiny pair's trees past what paid (81% of the best fixed size, from 93%)."""
+    def layer_done(self, last: bool = False) -> None:
+        """A layer was drafted, added and checked: fold its wall time (draft forward and the
+        policy's own work) into the running cost of a layer. Timed per layer, not fitted per
+        step, because a step's fixed costs grow with the tree and would be mistaken for
+        per-layer costs. ``last``: growth stops here, so the time until :meth:`prune` is not a
+        layer (it was once timed as one: every build that stopped early added a near-zero
+        "layer", which halved the price where one layer in two was the last, and trees grew
+        layers that did not pay). First and later layers share one price: the first's extra (an
+        EAGLE head's catch-up on the accepted tokens) stands in for the per-node costs a deeper
+        tree adds outside the layers (bookkeeping, verification), which the timer does not see."""
         now = time.perf_counter()
         if self._layer_start is not None:
             spent = now - self._layer_start
             self.layer_cost = spent if self.layer_cost == 0.0 else self.layer_cost + EMA * (spent - self.layer_cost)
-        self._layer_start = now
+        self._layer_start = None if last else now
 
     def grown(self, tree: DraftTree) -> HostTree:
         """Host view of the tree being grown, extended by the nodes added since the last call."""
@@ -551,15 +553,16 @@ def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tens
     pay for another layer."""
     if sizer is None or not len(new_nodes):
         return False
-    sizer.layer_done()
     start = len(sizer._host) if sizer._host is not None else 1
     host = sizer.grown(tree)  # the policy's one read per layer
     best = max(range(start, len(host)), key=lambda i: host.cal[i], default=None)
-    if best is None:
-        return False
-    cell = deeper(host.cells[best])
-    return not sizer.worth_growing(math.exp(host.cal[best]), math.exp(sizer.calibration.log_c()[cell]), len(tree),
-                                   getattr(session, "context_len", None), host.depths[best], cell)
+    stop = False
+    if best is not None:
+        cell = deeper(host.cells[best])
+        stop = not sizer.worth_growing(math.exp(host.cal[best]), math.exp(sizer.calibration.log_c()[cell]),
+                                       len(tree), getattr(session, "context_len", None), host.depths[best], cell)
+    sizer.layer_done(last=stop)  # the layer's read and check are part of its cost
+    return stop
 
 
 def auto_top_k(top_k: int, cap: int) -> int:

@@ -17,7 +17,7 @@ from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
 from specframe.strategies._auto import (CHEAP_LAYER, PROBE_EVERY, Q_EDGES, WINDOW, AutoSizer, Calibration, HostTree,
-                                        MuBandit, _subtree, cell_of, deeper)
+                                        MuBandit, _subtree, cell_of, deeper, stop_growing)
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -218,6 +218,20 @@ def test_layer_cost_is_timed_per_layer():
         time.sleep(0.01)
         sizer.layer_done()
     assert 0.009 < sizer.layer_cost < 0.1
+
+
+def test_a_build_that_stops_growing_prices_only_the_layers_it_drafted():
+    """The time from the check that stops growth to the prune is not a layer: counted as one,
+    every early stop halved the price of a layer."""
+    sizer = AutoSizer(16)
+    sizer.curve, sizer.rate = STEEP, 1e9  # no layer can pay: growth stops after the first
+    tree = chain_tree(2, 0.5)
+    for _ in range(10):
+        sizer.begin()
+        time.sleep(0.01)
+        assert stop_growing(sizer, tree, torch.tensor([1]), _Session())
+        sizer.prune(tree, _Session())
+    assert sizer.layer_cost > 0.0095
 
 
 @pytest.mark.parametrize("keep", [[0], [0, 1], [0, 2, 6], [0, 1, 3, 4], [0, 1, 2, 3, 4, 5, 6]])

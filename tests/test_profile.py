@@ -28,7 +28,28 @@ def test_interpolates_in_size_and_context_and_never_decreases():
     assert curve.time(4, 200) == pytest.approx(6.0)
     assert curve.time(8, 100) == pytest.approx(8.0)  # extended linearly
     dipping = CostCurve("k", [1, 2, 4], [0], [[1.0, 3.0, 2.0]])
-    assert dipping.times(4) == [1.0, 3.0, 3.0, 3.0]
+    assert dipping.times(4) == pytest.approx([1.0, 2.5, 2.5, 2.5])  # the dip is pooled with its peak
+
+
+def test_a_noisy_dip_does_not_flatten_the_slope_after_it():
+    """A running maximum read this curve flat from n = 2 to 8 (T(8) = T(2), the noisy peak)."""
+    curve = CostCurve("k", [1, 2, 4, 8, 16], [0], [[3.2, 3.6, 3.1, 3.6, 4.1]])
+    times = curve.times(16)
+    assert all(b >= a for a, b in zip(times, times[1:]))
+    assert times[7] - times[3] > 0.2 and times[15] > times[7]
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0, 1.6, 3.0, 4.0], [5.0, 4.0, 3.0], [1.0, 1.0, 2.0], [2.0]])
+def test_isotonic_fit_is_the_nearest_non_decreasing_sequence(values):
+    fit = profile.isotonic(values)
+    assert len(fit) == len(values) and all(b >= a - 1e-12 for a, b in zip(fit, fit[1:]))
+    assert sum(fit) == pytest.approx(sum(values))  # pooling keeps block means
+    if values == sorted(values):
+        assert fit == values
+    # No other non-decreasing sequence is nearer: compare with the running maximum.
+    running = [max(values[: i + 1]) for i in range(len(values))]
+    sq = lambda seq: sum((a - b) ** 2 for a, b in zip(seq, values))  # noqa: E731
+    assert sq(fit) <= sq(running) + 1e-12
 
 
 def test_key_names_model_device_dtype_threads_and_torch():
