@@ -140,8 +140,43 @@ def checks(arms: dict[str, dict], table: str, drafter: str) -> list[str]:
     return out
 
 
-def table_text(summary: dict, args: argparse.Namespace, curve_key: str, wall: float) -> str:
-    """The table of one run, best tokens/s first, then the checks."""
+def same_work_groups(answers_dir: Path) -> list[list[str]]:
+    """Arms that built trees of the same size and depth and accepted the same on every step of
+    every answer (e.g. talon N = 4 at any mu: its one layer never meets the gate): what they
+    differ by in tokens/s is the run's timing noise."""
+    groups: dict[tuple, list[str]] = {}
+    for path in sorted(answers_dir.glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not records or not all(r.get("steps") for r in records):
+            continue
+        records.sort(key=lambda r: (str(r["question_id"]), int(r["repeat"])))
+        work = tuple(tuple(r["steps"][k]) for r in records for k in ("tree_size", "depth", "accepted"))
+        groups.setdefault(work, []).append(path.stem)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def noise_lines(arms: dict[str, dict], groups: list[list[str]], auto_name: str | None = None) -> list[str]:
+    """One line per group of same-work arms: the spread of their tokens/s, and ``auto_name``'s
+    rate against the group's mean (the best of many noisy arms is biased upward; a group's
+    mean is not)."""
+    out = []
+    for names in groups:
+        rates = [arms[n]["tokens_per_s"] for n in names if n in arms]
+        if len(rates) < 2 or min(rates) <= 0:
+            continue
+        line = (f"noise: {', '.join(names)} built the same trees on every step; their tokens/s "
+                f"spread {max(rates) / min(rates) - 1:.1%} ({min(rates):.1f}-{max(rates):.1f})")
+        if auto_name in arms:
+            mean = sum(rates) / len(rates)
+            line += f"; {auto_name} = {arms[auto_name]['tokens_per_s'] / mean:.1%} of their mean ({mean:.1f})"
+        out.append(line)
+    return out
+
+
+def table_text(summary: dict, args: argparse.Namespace, curve_key: str, wall: float,
+               groups: list[list[str]] | None = None) -> str:
+    """The table of one run, best tokens/s first, then the checks (and, given the groups of
+    :func:`same_work_groups`, the run's noise)."""
     arms = {a["name"]: {**a["overall"], "mean_tree_size": (a.get("shapes") or {}).get("mean_tree_size")}
             for a in summary["arms"]}
     lines = [f"auto sizing: pair {args.pair}, drafter {args.drafter}, table {args.table}, "
@@ -154,7 +189,8 @@ def table_text(summary: dict, args: argparse.Namespace, curve_key: str, wall: fl
         lines.append(f"{name:<22} {fmt(m.get('tokens_per_s'), '8.1f')} {fmt(m.get('speedup'), '8.3f')} "
                      f"{fmt(m.get('tau'), '6.2f')} {fmt(m.get('delta'), '6.2f')} "
                      f"{fmt(m.get('mean_tree_size'), '6.1f')} {fmt(m.get('mismatches'), '>6')}")
-    return "\n".join(lines + [""] + checks(arms, args.table, args.drafter)) + "\n"
+    return "\n".join(lines + [""] + checks(arms, args.table, args.drafter)
+                     + noise_lines(arms, groups or [], auto_arm(args.table)[0])) + "\n"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -200,7 +236,8 @@ def main(argv: list[str] | None = None) -> str:
         key = warm_cost_curve(config)
         start = time.perf_counter()
         outcome = run_experiment(config, out_dir=out_dir, fresh=True, progress=False)
-    text = table_text(write_report(outcome.out_dir), args, key, time.perf_counter() - start)
+    text = table_text(write_report(outcome.out_dir), args, key, time.perf_counter() - start,
+                      same_work_groups(Path(outcome.out_dir) / "answers"))
     (out_dir / "auto_sizing.txt").write_text(text, encoding="utf-8")
     print(text)
     return text

@@ -42,12 +42,38 @@ def topk_per_row(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     top = torch.topk(logp, k + 1, dim=-1, sorted=True)
     boundary_tie = top.values[:, k - 1] == top.values[:, k]
     values, tokens = _order_by_value_then_token(top.values[:, :k], top.indices[:, :k])
-    if bool(boundary_tie.any()):
-        rows_tied = torch.nonzero(boundary_tie).flatten()
-        tv, tt = _exact_topk_with_ties(logp[rows_tied], top.values[rows_tied, k - 1], k)
+    # Rows with fewer than k finite entries (n-gram tables, fallback rows) tie at -inf; they
+    # need only the lowest-id -inf entries, found among the first 2k ids, not a pass over the
+    # whole vocabulary (which cost 0.85 ms a row at V = 49152, more than the n-gram lookup).
+    short = boundary_tie & torch.isneginf(top.values[:, k - 1]) & ~torch.isnan(top.values).any(dim=-1)
+    if 2 * k > vocab:
+        short = torch.zeros_like(short)
+    other = boundary_tie & ~short
+    any_short, any_other = torch.stack([short.any(), other.any()]).tolist()  # one read
+    if any_short or any_other:
         values, tokens = values.clone(), tokens.clone()
-        values[rows_tied], tokens[rows_tied] = tv, tt
+    if any_short:
+        rows_short = torch.nonzero(short).flatten()
+        values[rows_short], tokens[rows_short] = _fill_with_lowest_neginf(
+            logp[rows_short, : 2 * k], values[rows_short], tokens[rows_short])
+    if any_other:
+        rows_tied = torch.nonzero(other).flatten()
+        values[rows_tied], tokens[rows_tied] = _exact_topk_with_ties(logp[rows_tied], top.values[rows_tied, k - 1], k)
     return values, tokens, ranks
+
+
+def _fill_with_lowest_neginf(head: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose top k hold every finite entry (ordered first) and some ``-inf`` ones: put
+    the lowest-id ``-inf`` entries after the finite ones. ``head`` is each row's first 2k
+    log-probs, which hold at least k ``-inf`` ids (fewer than k ids are finite)."""
+    k = values.shape[1]
+    finite = torch.isfinite(values).sum(dim=-1, keepdim=True)
+    ids = torch.arange(head.shape[1], device=head.device)
+    neg_ids = torch.where(torch.isneginf(head), ids, head.shape[1] + ids).sort(dim=-1).values[:, :k]
+    place = torch.arange(k, device=head.device).expand_as(values)
+    filler = torch.gather(neg_ids, -1, (place - finite).clamp(min=0))
+    keep = place < finite
+    return torch.where(keep, values, float("-inf")), torch.where(keep, tokens, filler)
 
 
 def _order_by_value_then_token(values: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,3 +39,24 @@ def test_auto_sizing_smoke_prints_the_table_and_its_checks(tmp_path):
         assert arm in text
     assert "of the best fixed arm" in text and "vs autoregressive" in text
     assert list((tmp_path / "cache" / "profiles").glob("*.json")), "the cost curve is measured before the run"
+
+
+def test_auto_sizing_reports_the_noise_of_arms_that_did_the_same_work(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import auto_sizing
+    finally:
+        sys.path.pop(0)
+
+    def write(arm: str, sizes: list[int]) -> None:
+        steps = {"tree_size": sizes, "depth": [1] * len(sizes), "accepted": [0] * len(sizes)}
+        rows = [{"question_id": q, "repeat": 0, "steps": steps} for q in (1, 0)]
+        (tmp_path / f"{arm}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    write("a", [4, 4]); write("b", [4, 4]); write("c", [8, 4]); write("auto", [5, 4])
+    groups = auto_sizing.same_work_groups(tmp_path)
+    assert groups == [["a", "b"]]
+    arms = {"a": {"tokens_per_s": 10.0}, "b": {"tokens_per_s": 12.0}, "c": {"tokens_per_s": 9.0},
+            "auto": {"tokens_per_s": 10.45}}
+    (line,) = auto_sizing.noise_lines(arms, groups, "auto")
+    assert "spread 20.0%" in line and "auto = 95.0% of their mean (11.0)" in line
