@@ -122,13 +122,19 @@ def warm_cost_curve(config: Any) -> str:
     return curve.key
 
 
+def best_fixed(arms: dict[str, dict], table: str) -> str:
+    """The fastest fixed-size arm of a table."""
+    auto_name = auto_arm(table)[0]
+    fixed = [k for k in arms if k.startswith(table + "-") and k != auto_name]
+    return max(fixed, key=lambda k: arms[k]["tokens_per_s"])
+
+
 def checks(arms: dict[str, dict], table: str, drafter: str) -> list[str]:
     """The issue's pass/fail lines for one table."""
     auto_name = auto_arm(table)[0]
-    fixed = {k: v for k, v in arms.items() if k.startswith(table + "-") and k != auto_name}
     auto = arms[auto_name]["tokens_per_s"]
-    best_name = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
-    best = fixed[best_name]["tokens_per_s"]
+    best_name = best_fixed(arms, table)
+    best = arms[best_name]["tokens_per_s"]
     out = [f"{auto_name}: {auto:.1f} tok/s = {auto / best:.1%} of the best fixed arm {best_name} "
            f"({best:.1f}): {'PASS' if auto >= BAR * best else 'FAIL'} (bar {BAR:.0%})"]
     ar = arms["autoregressive"]["tokens_per_s"]
@@ -155,10 +161,11 @@ def same_work_groups(answers_dir: Path) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def noise_lines(arms: dict[str, dict], groups: list[list[str]], auto_name: str | None = None) -> list[str]:
-    """One line per group of same-work arms: the spread of their tokens/s, and ``auto_name``'s
-    rate against the group's mean (the best of many noisy arms is biased upward; a group's
-    mean is not)."""
+def noise_lines(arms: dict[str, dict], groups: list[list[str]], auto_name: str | None = None,
+                best_name: str | None = None) -> list[str]:
+    """One line per group of same-work arms: the spread of their tokens/s, and for the group of
+    ``best_name`` (the best fixed arm) ``auto_name``'s rate against the group's mean (the best
+    of many noisy arms is biased upward; a group's mean is not)."""
     out = []
     for names in groups:
         rates = [arms[n]["tokens_per_s"] for n in names if n in arms]
@@ -166,7 +173,7 @@ def noise_lines(arms: dict[str, dict], groups: list[list[str]], auto_name: str |
             continue
         line = (f"noise: {', '.join(names)} built the same trees on every step; their tokens/s "
                 f"spread {max(rates) / min(rates) - 1:.1%} ({min(rates):.1f}-{max(rates):.1f})")
-        if auto_name in arms:
+        if auto_name in arms and best_name in names:
             mean = sum(rates) / len(rates)
             line += f"; {auto_name} = {arms[auto_name]['tokens_per_s'] / mean:.1%} of their mean ({mean:.1f})"
         out.append(line)
@@ -190,7 +197,7 @@ def table_text(summary: dict, args: argparse.Namespace, curve_key: str, wall: fl
                      f"{fmt(m.get('tau'), '6.2f')} {fmt(m.get('delta'), '6.2f')} "
                      f"{fmt(m.get('mean_tree_size'), '6.1f')} {fmt(m.get('mismatches'), '>6')}")
     return "\n".join(lines + [""] + checks(arms, args.table, args.drafter)
-                     + noise_lines(arms, groups or [], auto_arm(args.table)[0])) + "\n"
+                     + noise_lines(arms, groups or [], auto_arm(args.table)[0], best_fixed(arms, args.table))) + "\n"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -58,5 +58,7 @@ def test_auto_sizing_reports_the_noise_of_arms_that_did_the_same_work(tmp_path):
     assert groups == [["a", "b"]]
     arms = {"a": {"tokens_per_s": 10.0}, "b": {"tokens_per_s": 12.0}, "c": {"tokens_per_s": 9.0},
             "auto": {"tokens_per_s": 10.45}}
-    (line,) = auto_sizing.noise_lines(arms, groups, "auto")
+    (line,) = auto_sizing.noise_lines(arms, groups, "auto", "b")
     assert "spread 20.0%" in line and "auto = 95.0% of their mean (11.0)" in line
+    (line,) = auto_sizing.noise_lines(arms, groups, "auto", "c")  # the best arm did other work
+    assert "spread 20.0%" in line and "of their mean" not in line
