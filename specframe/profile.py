@@ -18,7 +18,8 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,15 +54,23 @@ class CostCurve:
     sizes: list[int]
     cache_lens: list[int]
     seconds: list[list[float]]
-    _fitted: list[list[float]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def time(self, n: int, cache_len: int | None = None) -> float:
         """T(n) in seconds at ``cache_len`` (None: the shortest measured), interpolated linearly
         in n and in the cache length, extrapolated linearly beyond the measured ranges."""
-        rows = [_interp(self.sizes, row, n) for row in self.seconds]
-        if cache_len is None or len(rows) == 1:
-            return max(rows[0], 0.0)
-        return max(_interp(self.cache_lens, rows, cache_len), 0.0)
+        return self._at(self.seconds, n, cache_len)
+
+    def _at(self, rows: list[list[float]], n: int, cache_len: int | None) -> float:
+        """``rows`` (one per cache length) interpolated at size ``n`` and ``cache_len``."""
+        at_n = [_interp(self.sizes, row, n) for row in rows]
+        if cache_len is None or len(at_n) == 1:
+            return max(at_n[0], 0.0)
+        return max(_interp(self.cache_lens, at_n, cache_len), 0.0)
+
+    @cached_property
+    def _fitted(self) -> list[list[float]]:
+        """Each measured row's :func:`isotonic` fit (derived, so not part of the JSON)."""
+        return [isotonic(row) for row in self.seconds]
 
     def times(self, n_max: int, cache_len: int | None = None) -> list[float]:
         """``[T(1), ..., T(n_max)]`` from the least-squares non-decreasing fit of each measured
@@ -69,13 +78,9 @@ class CostCurve:
         would make a size chooser jump to it. (A running maximum, the earlier fix, lifted every
         later size to the highest noisy point before it, so a curve that dipped at n = 4
         read flat from 2 to 12 and trees grew nodes that did cost.)"""
-        if self._fitted is None:
-            self._fitted = [isotonic(row) for row in self.seconds]
         out: list[float] = []
         for n in range(1, n_max + 1):
-            rows = [_interp(self.sizes, row, n) for row in self._fitted]
-            t = rows[0] if cache_len is None or len(rows) == 1 else _interp(self.cache_lens, rows, cache_len)
-            out.append(max(t, out[-1] if out else 0.0, 0.0))
+            out.append(max(self._at(self._fitted, n, cache_len), out[-1] if out else 0.0))
         return out
 
     def ratios(self, cache_len: int | None = None) -> list[float]:
@@ -85,9 +90,7 @@ class CostCurve:
 
     def to_json(self) -> str:
         """The curve as JSON (what the cache file holds)."""
-        data = asdict(self)
-        data.pop("_fitted")
-        return json.dumps(data, indent=1)
+        return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "CostCurve":
