@@ -58,6 +58,22 @@ class Drafter(ABC):
         path root -> u. Nodes are expanded after their parents (layer by layer).
         """
 
+    def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The top ``k`` children of each node, as :func:`specframe.topk_per_row` returns them
+        (``values, token_ids, ranks``, each ``[len(nodes), min(k, V)]``) for the rows of
+        :meth:`expand`; one draft forward, like ``expand``.
+
+        Policies that keep only each row's top children call this (through
+        :meth:`DraftSession.expand_top`). Override it only to skip the dense rows: a drafter
+        with a handful of candidates per row (the n-gram lookup) builds the top-k straight from
+        them, where a ``[nodes, V]`` block and a selection over it cost more than the lookup.
+        An override must return exactly what this default returns (ties included); the
+        conformance suite checks it.
+        """
+        from .selection import topk_per_row
+
+        return topk_per_row(self.expand(tree, nodes), k)
+
     def commit(
         self,
         tokens: torch.Tensor,
@@ -114,6 +130,17 @@ class DraftSession:
         self.draft_time += time.perf_counter() - start
         self.draft_forwards += 1
         return logp
+
+    def expand_top(self, tree: DraftTree, nodes: torch.Tensor | list[int], k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The top ``k`` children of each of ``nodes``: ``(values, token_ids, ranks)`` of
+        :func:`specframe.topk_per_row` over the rows :meth:`expand` would give, in one draft
+        forward (:meth:`Drafter.expand_top`; the selection counts as draft time)."""
+        nodes = torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
+        start = time.perf_counter()
+        top = self.drafter.expand_top(tree, nodes, k)
+        self.draft_time += time.perf_counter() - start
+        self.draft_forwards += 1
+        return top
 
 
 class TreePolicy(ABC):

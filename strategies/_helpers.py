@@ -124,8 +124,7 @@ def build_from_rank_paths(session: DraftSession, paths: Sequence[RankPath], budg
         parent_paths = sorted({p[:-1] for p in layer}, key=lambda p: node_of[p])
         parents = torch.tensor([node_of[p] for p in parent_paths], dtype=torch.long, device=tree.device)
         row_of = {p: i for i, p in enumerate(parent_paths)}
-        logp = session.expand(tree, parents)
-        values, tokens, ranks = topk_children(logp, 1 + max(p[-1] for p in layer))
+        values, tokens, ranks = session.expand_top(tree, parents, 1 + max(p[-1] for p in layer))
         cand = child_scores(scores[parents], values)
         k = values.shape[1]
         wanted = [(p, row_of[p[:-1]] * k + p[-1]) for p in layer if p[-1] < k]

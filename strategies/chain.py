@@ -22,7 +22,6 @@ from specframe.options import require
 from specframe.tree import DraftTree
 
 from ._auto import AUTO, AutoSizedPolicy, AutoSizer, check_size_option, stop_growing
-from ._helpers import topk_children
 from ._sampling import draft_distribution, rank_in_row, sample_iid, session_generator
 
 SCHEDULES = ("constant", "heuristic")
@@ -111,14 +110,14 @@ class ChainPolicy(AutoSizedPolicy):
         generator = session_generator(session, self.generator) if self.options.sample else None
         node, drawn_from = 0, []
         for i in range(gamma):
-            logp = session.expand(tree, [node])
             if self.options.sample:
+                logp = session.expand(tree, [node])
                 q = draft_distribution(logp)
                 tokens = sample_iid(q, 1, generator)
                 values, ranks = torch.gather(logp, -1, tokens), rank_in_row(logp, tokens)
                 drawn_from.append(q[0])
             else:
-                values, tokens, ranks = topk_children(logp, 1)
+                values, tokens, ranks = session.expand_top(tree, [node], 1)
             tree = tree.add_nodes(torch.tensor([node]), tokens[0], tree.logp[node] + values[0], ranks[0])
             node = len(tree) - 1
             if self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold:

@@ -22,7 +22,7 @@ from specframe.options import require
 from specframe.tree import DraftTree
 
 from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, auto_top_k, stop_growing
-from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
+from ._helpers import append_children, child_scores, select_top, top_indices
 
 
 @dataclass
@@ -80,7 +80,7 @@ class EaglePolicy(AutoSizedPolicy):
         # than N-1 can never be kept: skip drafting them (identical tree, fewer forwards).
         layers = min(self.options.depth + 1, n_max - 1)
         for _ in range(layers):
-            values, tokens, ranks = topk_children(session.expand(pool, frontier), k)
+            values, tokens, ranks = session.expand_top(pool, frontier, k)
             cand = child_scores(scores[frontier], values)
             flat = cand.flatten()
             finite = torch.nonzero(torch.isfinite(flat)).flatten()

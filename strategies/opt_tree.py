@@ -22,7 +22,7 @@ from specframe.options import require
 from specframe.tree import DraftTree
 
 from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, stop_growing
-from ._helpers import append_children, child_scores, select_top, top_indices, topk_children
+from ._helpers import append_children, child_scores, select_top, top_indices
 
 
 @dataclass
@@ -83,7 +83,7 @@ class OptTreePolicy(AutoSizedPolicy):
         last = torch.zeros(1, dtype=torch.long, device=pool.device)
         expected, depth = 0.0, 0
         while n >= 1:
-            values, tokens, ranks = topk_children(session.expand(pool, last), n)
+            values, tokens, ranks = session.expand_top(pool, last, n)
             cand = child_scores(scores[last], values)
             chosen = top_indices(cand.flatten(), n)
             if not len(chosen):

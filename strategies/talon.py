@@ -24,7 +24,7 @@ from specframe.options import require
 from specframe.tree import DraftTree
 
 from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, MuBandit, stop_growing
-from ._helpers import append_children, child_scores, top_indices, topk_children
+from ._helpers import append_children, child_scores, top_indices
 
 
 @dataclass
@@ -113,7 +113,7 @@ class TalonPolicy(AutoSizedPolicy):
             keep_at_most = min(room, top_k) if initial else room
             # Only a parent's top-`keep_at_most` children can survive the final truncation,
             # so a per-row partial top-k replaces a pass over the whole vocabulary.
-            values, tokens, ranks = topk_children(session.expand(tree, frontier), keep_at_most)
+            values, tokens, ranks = session.expand_top(tree, frontier, keep_at_most)
             cand = child_scores(scores[frontier], values)
             flat_scores = cand.flatten()
             if not initial:

@@ -145,6 +145,11 @@ class _UntimedSession(DraftSession):
         self.draft_time = 0.0
         return out
 
+    def expand_top(self, tree, nodes, k):
+        out = super().expand_top(tree, nodes, k)
+        self.draft_time = 0.0
+        return out
+
 
 def _fallback_step(tree: DraftTree, session: DraftSession, curve: CostCurve) -> StepStats:
     """A verified step where every drafted node was rejected (only the bonus token)."""

@@ -283,3 +283,28 @@ def test_lossless_with_eos_and_options(cases):
     out = dec.generate(torch.tensor(prompt), max_new_tokens=MAX_NEW, eos_token_id=eos)
     assert out.tokens == ref[: ref.index(eos) + 1]
     assert out.stopped_at_eos
+
+
+@given(
+    seq=st.lists(st.integers(0, 9), min_size=1, max_size=40),
+    layers=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_size=1, max_size=3),
+    k=st.integers(1, 12), vocab=st.sampled_from([4, 10, 32]), max_ngram=st.integers(1, 3),
+)
+def test_expand_top_equals_the_selection_over_the_dense_rows(seq, layers, k, vocab, max_ngram):
+    """The sparse fast path against the slow obvious one: topk_per_row over ``expand``'s rows,
+    with ties (frequency counts), ids beyond the vocabulary, k above the finite count and
+    above the vocabulary."""
+    target = type("T", (), {"vocab_size": vocab})()
+    drafter = NgramDrafter(NgramDrafterOptions(max_ngram=max_ngram), target)
+    drafter.begin(torch.tensor(seq))
+    tree, frontier = DraftTree.root(seq[-1]), [0]
+    for tokens in layers:
+        nodes = torch.tensor(frontier)
+        want = specframe.topk_per_row(drafter.expand(tree, nodes), k)
+        got = drafter.expand_top(tree, nodes, k)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.equal(g, w), (g, w)
+        parents = torch.tensor(frontier).repeat_interleave(len(tokens))
+        start = len(tree)
+        tree = tree.add_nodes(parents, torch.tensor(tokens * len(frontier)), tree.logp[parents] - 1.0)
+        frontier = list(range(start, len(tree)))

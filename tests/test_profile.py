@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from click.testing import CliRunner
 
@@ -111,3 +113,46 @@ def test_profile_command_prints_caches_and_plots(cache, tmp_path):
     assert png.stat().st_size > 0
     stored = json.loads(next(cache.glob("*.json")).read_text())
     assert stored["sizes"] == [1, 2] and stored["cache_lens"] == [16]
+
+
+def _monotone_grid(draw_incs: list[list[float]], base: float) -> list[list[float]]:
+    """A grid non-decreasing along rows and columns: base + 2D cumulative sums of increments."""
+    rows, cols = len(draw_incs), len(draw_incs[0])
+    out = [[0.0] * cols for _ in range(rows)]
+    for i in range(rows):
+        for j in range(cols):
+            up = out[i - 1][j] if i else base
+            left = out[i][j - 1] if j else base
+            out[i][j] = max(up, left) + draw_incs[i][j]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 4).flatmap(lambda r: st.integers(1, 5).flatmap(lambda c: st.tuples(
+    st.lists(st.lists(st.floats(0, 10), min_size=c, max_size=c), min_size=r, max_size=r),
+    st.lists(st.lists(st.lists(st.floats(0, 3), min_size=c, max_size=c), min_size=r, max_size=r),
+             min_size=3, max_size=3)))))
+def test_grid_fit_is_the_nearest_grid_that_never_decreases_in_size_or_cache_length(case):
+    """The projection onto a convex set: no monotone grid G makes an acute angle, i.e.
+    <data - fit, G - fit> <= 0 for every G (random monotone grids here)."""
+    data, others = case
+    fit = profile.isotonic_grid(data)
+    flat = lambda g: [v for row in g for v in row]  # noqa: E731
+    f, d = flat(fit), flat(data)
+    assert all(b >= a - 1e-6 for row in fit for a, b in zip(row, row[1:]))
+    assert all(fit[i + 1][j] >= fit[i][j] - 1e-6 for i in range(len(fit) - 1) for j in range(len(fit[0])))
+    for incs in others:
+        g = flat(_monotone_grid(incs, min(d)))
+        assert sum((a - b) * (c - b) for a, b, c in zip(d, f, g)) <= 1e-6 * (1 + sum(x * x for x in d))
+
+
+def test_a_slow_first_size_at_one_cache_length_does_not_make_the_second_token_free():
+    """SmolLM2 on this CPU (ms, one profile): T(1) read 63 at L = 64 but 55 at L = 200; fitted
+    alone, the L = 64 row pooled T(1) with T(2) and the second token looked free there."""
+    curve = CostCurve("k", [1, 2, 4], [64, 200, 512],
+                      [[63.1, 60.2, 66.9], [54.6, 58.0, 63.4], [53.7, 62.3, 69.1]])
+    row_alone = profile.isotonic(curve.seconds[0])
+    assert row_alone[1] - row_alone[0] == pytest.approx(0.0)
+    times = curve.times(2, 64)
+    assert times[1] - times[0] > 1.0
+    assert curve.times(2, 64)[0] <= curve.times(2, 200)[0] + 1e-9  # a longer cache never costs less

@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 from specframe.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, Drafter, TreePolicy, Verifier
+from specframe.selection import topk_per_row
 from specframe.step_read import read_step
 from specframe.target import TargetModel
 from specframe.tree import DRAFTING_MODES, DraftTree
@@ -300,6 +301,30 @@ class DrafterConformance(_Conformance):
             assert not bool((logp == math.inf).any()), "expand returned +inf"
             assert bool(torch.isfinite(logp).any(dim=-1).all()), "a row has no finite entry: nothing can be drafted"
             assert bool((torch.logsumexp(logp, dim=-1) <= 1e-5).all()), "a row's probabilities sum above 1"
+
+    def test_expand_top_equals_the_selection_over_its_rows(self):
+        """``expand_top(tree, nodes, k)`` returns exactly ``topk_per_row(expand(tree, nodes), k)``
+        (the default does; an override that skips the dense rows must agree, ties included).
+        Two fresh drafters grow the same tree in lock-step, one through each call."""
+        target = self._target()
+        for committed in ([7], [4, 9, 12, 30, 2, 17, 9, 12, 30]):
+            dense, sparse = self.make_drafter(target), self.make_drafter(target)
+            begin_generation(dense, target, committed)
+            begin_generation(sparse, target, committed)
+            tree, frontier = DraftTree.root(committed[-1], device=target.device), [0]
+            for k in (3, 2, 1):
+                nodes = torch.tensor(frontier, device=target.device)
+                want = topk_per_row(dense.expand(tree, nodes), k)
+                got = sparse.expand_top(tree, nodes, k)
+                for name, g, w in zip(("values", "token ids", "ranks"), got, want):
+                    assert g.shape == w.shape and torch.equal(g.cpu(), w.cpu()), (
+                        f"expand_top(k={k}) {name} differ from topk_per_row over expand's rows: {g} vs {w}")
+                keep = torch.isfinite(want[0]).flatten()
+                parents = nodes.repeat_interleave(want[0].shape[1])[keep]
+                start = len(tree)
+                tree = tree.add_nodes(parents, want[1].flatten()[keep],
+                                      tree.logp[parents] + want[0].flatten()[keep].to(tree.logp.dtype))
+                frontier = list(range(start, len(tree)))
 
     def _chain_row(self, target: TargetModel, committed: list[int], path: list[int]) -> torch.Tensor:
         """Reference: a fresh drafter expands ``path`` as a chain, one node per expand."""
