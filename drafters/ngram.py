@@ -148,20 +148,19 @@ class NgramDrafter(Drafter):
     def __init__(self, options: NgramDrafterOptions, target: Any) -> None:
         super().__init__(options, target)
         self.index = NgramIndex(options.max_ngram, options.decay)
-        self._memo: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._ranked: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Index the prompt; forget earlier generations."""
         self.index = NgramIndex(self.options.max_ngram, self.options.decay)
         self.index.extend(torch.as_tensor(prompt_ids).flatten().tolist())
-        self._memo, self._ranked = {}, {}
+        self._ranked = {}
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None) -> None:
         """Index the newly committed tokens (accepted drafts + bonus)."""
         self.index.extend(torch.as_tensor(tokens).flatten().tolist())
-        self._memo, self._ranked = {}, {}  # weights (recency) and counts changed
+        self._ranked = {}  # weights (recency) and counts changed
 
     # ------------------------------------------------------------------ lookup
     def query_suffix(self, tree: DraftTree, node: int) -> list[int]:
@@ -178,52 +177,41 @@ class NgramDrafter(Drafter):
         committed = self.index.tokens[max(0, len(self.index.tokens) - need) :] if need > 0 else []
         return committed + path
 
-    def match(self, suffix: list[int]) -> tuple[int, torch.Tensor, torch.Tensor] | None:
-        """Longest match: ``(n, tokens, log-probs)`` of the continuations, or None below min_ngram."""
+    def ranked(self, suffix: list[int]) -> tuple[list[float], list[int]]:
+        """The row after ``suffix`` as its finite entries only: (float32 log-probs, token ids),
+        best first, ties toward the lower id, ids beyond the target vocabulary dropped. The
+        longest match between ``min_ngram`` and ``max_ngram`` tokens wins (memoised per step);
+        without one, the single fallback entry. Both :meth:`expand` and :meth:`expand_top`
+        are built from this, so they cannot disagree on what a row holds."""
         for n in range(min(self.options.max_ngram, len(suffix)), self.options.min_ngram - 1, -1):
             key = tuple(suffix[len(suffix) - n :])
-            if key in self._memo:
-                return (n, *self._memo[key])
-            found = self.index.continuations(key)
-            if found is None:
-                continue
-            toks, logw = found
-            logw_t = torch.tensor(logw, dtype=torch.float64)
-            entry = (torch.tensor(toks, dtype=torch.long), (logw_t - torch.logsumexp(logw_t, 0)).float())
-            self._memo[key] = entry
-            return (n, *entry)
-        return None
+            entry = self._ranked.get(key)
+            if entry is None:
+                found = self.index.continuations(key)
+                if found is None:
+                    continue
+                entry = self._ranked[key] = self._rank(*found)
+            return entry
+        return self.fallback()
 
-    def fallback(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The single fallback candidate used when nothing matches."""
+    def _rank(self, toks: list[int], logw: list[float]) -> tuple[list[float], list[int]]:
+        """Continuations and their log-weights -> normalised float32 log-probs, ranked."""
+        logw_t = torch.tensor(logw, dtype=torch.float64)
+        logp = (logw_t - torch.logsumexp(logw_t, 0)).float().tolist()  # float32 values, exactly
+        pairs = sorted((-v, t) for v, t in zip(logp, toks) if t < self.vocab_size)
+        return [-v for v, _ in pairs], [t for _, t in pairs]
+
+    def fallback(self) -> tuple[list[float], list[int]]:
+        """The single fallback entry used when nothing matches (as :meth:`ranked` gives it)."""
         tok = self.index.most_frequent if self.index.most_frequent is not None else 0
         tok = tok if tok < self.vocab_size else 0
-        return torch.tensor([tok]), torch.tensor([math.log(self.options.fallback_prob)])
-
-    def ranked(self, suffix: list[int]) -> tuple[list[float], list[int]]:
-        """The row of ``suffix`` as its finite entries only: (float32 log-probs, token ids),
-        best first, ties toward the lower id, ids beyond the target vocabulary dropped (the
-        same entries :meth:`expand` writes into its dense row)."""
-        hit = self.match(suffix)
-        if hit is None:
-            toks, logp = self.fallback()
-            key = None
-        else:
-            n, toks, logp = hit
-            key = tuple(suffix[len(suffix) - n :])
-            if key in self._ranked:
-                return self._ranked[key]
-        pairs = sorted((-v, t) for v, t in zip(logp.tolist(), toks.tolist()) if t < self.vocab_size)
-        entry = ([-v for v, _ in pairs], [t for _, t in pairs])
-        if key is not None:
-            self._ranked[key] = entry
-        return entry
+        return torch.tensor([math.log(self.options.fallback_prob)]).tolist(), [tok]
 
     def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`expand` followed by :func:`specframe.topk_per_row`, without the dense rows:
-        each row's few candidates are ranked on the host and padded with the lowest ids it
-        leaves ``-inf`` (what the tie rule picks). A 49152-token vocabulary made the dense path
-        cost about 0.5 ms a row, several times the lookup."""
+        each row's ranked entries, padded with the lowest ids it leaves ``-inf`` (what the tie
+        rule picks). A 49152-token vocabulary made the dense path cost about 0.5 ms a row,
+        several times the lookup."""
         node_list = torch.as_tensor(nodes).flatten().tolist()
         k = min(int(k), self.vocab_size)
         values: list[list[float]] = []
@@ -247,18 +235,17 @@ class NgramDrafter(Drafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """One lookup over all requested nodes: log-probs ``[len(nodes), V]``, ``-inf`` where unseen."""
         node_list = torch.as_tensor(nodes).flatten().tolist()
-        rows, cols, vals = [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
         for r, node in enumerate(node_list):
-            hit = self.match(self.query_suffix(tree, int(node)))
-            toks, logp = hit[1:] if hit is not None else self.fallback()
-            rows.append(torch.full_like(toks, r))
-            cols.append(toks)
-            vals.append(logp)
+            logp, toks = self.ranked(self.query_suffix(tree, int(node)))
+            rows += [r] * len(toks)
+            cols += toks
+            vals += logp
         out = torch.full((len(node_list), self.vocab_size), float("-inf"), dtype=torch.float32)
-        if node_list:
-            cols_t = torch.cat(cols)
-            keep = cols_t < self.vocab_size  # ids beyond the target vocabulary cannot be drafted
-            out[torch.cat(rows)[keep], cols_t[keep]] = torch.cat(vals)[keep]
+        if rows:
+            out[torch.tensor(rows), torch.tensor(cols)] = torch.tensor(vals, dtype=torch.float32)
         return out.to(tree.device)
 
 

@@ -124,23 +124,22 @@ class DraftSession:
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor | list[int]) -> torch.Tensor:
         """Draft log-probs ``[len(nodes), V]`` for ``nodes`` of ``tree``: one draft forward."""
-        nodes = torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
-        start = time.perf_counter()
-        logp = self.drafter.expand(tree, nodes)
-        self.draft_time += time.perf_counter() - start
-        self.draft_forwards += 1
-        return logp
+        return self._forward(self.drafter.expand, tree, nodes)
 
     def expand_top(self, tree: DraftTree, nodes: torch.Tensor | list[int], k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The top ``k`` children of each of ``nodes``: ``(values, token_ids, ranks)`` of
         :func:`specframe.topk_per_row` over the rows :meth:`expand` would give, in one draft
         forward (:meth:`Drafter.expand_top`; the selection counts as draft time)."""
+        return self._forward(self.drafter.expand_top, tree, nodes, k)
+
+    def _forward(self, call: Any, tree: DraftTree, nodes: torch.Tensor | list[int], *args: Any) -> Any:
+        """``call(tree, nodes, *args)``, timed and counted as one draft forward."""
         nodes = torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
         start = time.perf_counter()
-        top = self.drafter.expand_top(tree, nodes, k)
+        out = call(tree, nodes, *args)
         self.draft_time += time.perf_counter() - start
         self.draft_forwards += 1
-        return top
+        return out
 
 
 class TreePolicy(ABC):

@@ -20,11 +20,8 @@ from typing import Sequence
 import torch
 
 from specframe.interfaces import DraftSession
-from specframe.selection import top_indices, topk_per_row
+from specframe.selection import top_indices
 from specframe.tree import DraftTree
-
-#: The built-ins' name for :func:`specframe.selection.topk_per_row` (public, tie-correct).
-topk_children = topk_per_row
 
 
 def child_scores(parent_scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ import specframe
 from specframe.engine import make_plugin
 from specframe.options import OptionError
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
-from specframe.strategies._helpers import top_indices, topk_children
+from specframe.selection import topk_per_row
+from specframe.strategies._helpers import top_indices
 from specframe.strategies.sequoia import choose_size_depth, optimal_paths, sequoia_table
 from specframe.strategies.static import MC_SIM_7B_63
 
@@ -49,11 +50,11 @@ def ranked(row: list[float]) -> list[int]:
 # ---------------------------------------------------------------------------- helpers
 @given(rows=st.integers(1, 6), vocab=st.integers(1, 40), k=st.integers(1, 45),
        levels=st.integers(1, 4), seed=st.integers(0, 2**31 - 1), inf_rate=st.sampled_from((0.0, 0.5)))
-def test_topk_children_matches_a_sorted_reference(rows, vocab, k, levels, seed, inf_rate):
+def test_topk_per_row_matches_a_sorted_reference(rows, vocab, k, levels, seed, inf_rate):
     gen = torch.Generator().manual_seed(seed)
     logp = torch.randint(levels, (rows, vocab), generator=gen).float()
     logp[torch.rand(rows, vocab, generator=gen) < inf_rate] = -math.inf
-    values, tokens, ranks = topk_children(logp, k)
+    values, tokens, ranks = topk_per_row(logp, k)
     for r in range(rows):
         row = logp[r].tolist()
         expect = ranked(row)[: min(k, vocab)]
