@@ -36,7 +36,9 @@ FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 FULL_CACHE_LENS = (128, 512, 2048)
 FULL_REPS = 7
 
-_MEMO: dict[str, "CostCurve"] = {}  # one measurement per process and key
+#: One measurement per process, cache directory and key (keyed by the directory too, so that
+#: pointing the cache elsewhere mid-process reads that cache, not a curve kept from the last).
+_MEMO: dict[tuple[Path, str], "CostCurve"] = {}
 
 
 @dataclass
@@ -192,25 +194,27 @@ def cache_dir() -> Path:
 
 def load_cached(key: str) -> CostCurve | None:
     """The cached curve of ``key``, or None (a damaged file counts as absent)."""
-    if key in _MEMO:
-        return _MEMO[key]
-    path = cache_dir() / f"{key}.json"
+    where = cache_dir()
+    if (where, key) in _MEMO:
+        return _MEMO[where, key]
+    path = where / f"{key}.json"
     try:
         curve = CostCurve.from_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):
         return None
-    _MEMO[key] = curve
+    _MEMO[where, key] = curve
     return curve
 
 
 def save(curve: CostCurve) -> Path:
     """Write ``curve`` to the cache (atomically) and return the file."""
-    path = cache_dir() / f"{curve.key}.json"
+    where = cache_dir()
+    path = where / f"{curve.key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(curve.to_json(), encoding="utf-8")
     tmp.replace(path)
-    _MEMO[curve.key] = curve
+    _MEMO[where, curve.key] = curve
     return path
 
 
@@ -285,7 +289,7 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
         try:
             save(curve)
         except OSError:  # a read-only cache still gets the curve for this process
-            _MEMO[key] = curve
+            _MEMO[cache_dir(), key] = curve
     return curve
 
 
