@@ -80,7 +80,9 @@ class Calibration:
         self.prior = [min(max(PRIOR_FLOOR, q), 0.95) for q in upper] * (2 * DEPTHS)
         self.tried_counts = [0.0] * len(self.prior)
         self.accepted_counts = [0.0] * len(self.prior)
-        self._log_c: list[float] | None = None
+        self._log_c: list[float] | None = None  # None: recompute every cell
+        self._means: list[float] = []
+        self._stale: set[int] = set()  # columns (rank class, bin) whose counts changed
 
     @property
     def tried(self) -> torch.Tensor:
@@ -97,32 +99,62 @@ class Calibration:
         self.tried_counts = tried.double().flatten().tolist()
         self.accepted_counts = accepted.double().flatten().tolist()
         self._log_c = None
+        self._stale = set()
 
     def probabilities(self) -> torch.Tensor:
         """Posterior mean ``c`` per ``[rank class, depth class, bin]``."""
         return torch.tensor([math.exp(v) for v in self.log_c()], dtype=torch.float64).view(self.SHAPE)
 
     def log_c(self) -> list[float]:
-        """``log c`` per flat cell, recomputed after each update. A cell of depth class 1 starts
-        from the optimistic prior; a deeper one from the posterior of the cell one depth class
-        above it (same rank class and bin), so deep nodes are not explored as a new kind of node
-        each, yet learn their own rate where the data differs (copied spans)."""
+        """``log c`` per flat cell. A cell of depth class 1 starts from the optimistic prior; a
+        deeper one from the posterior of the cell one depth class above it (same rank class and
+        bin), so deep nodes are not explored as a new kind of node each, yet learn their own rate
+        where the data differs (copied spans). After :meth:`record` only the columns (rank
+        class, bin) it touched are recomputed: the whole table every step cost a tiny model's
+        step 1% (:meth:`full_log_c` is the plain recomputation)."""
         if self._log_c is None:
-            means = [0.0] * len(self.prior)
-            for cell, (a, t) in enumerate(zip(self.accepted_counts, self.tried_counts)):
-                prior = self.prior[cell] if depth_class(cell) == 0 else means[cell - self.BINS]
-                means[cell] = (a + PRIOR_STRENGTH * prior) / (t + PRIOR_STRENGTH)
-            self._log_c = [math.log(min(max(m, 1e-6), C_MAX)) for m in means]
+            self._means, self._log_c = self._recompute()
+            self._stale = set()
+        elif self._stale:
+            for column in self._stale:
+                self._update_column(column)
+            self._stale = set()
         return self._log_c
+
+    def full_log_c(self) -> list[float]:
+        """``log c`` of every cell, recomputed from the counts (the reference of :meth:`log_c`)."""
+        return self._recompute()[1]
+
+    def _recompute(self) -> tuple[list[float], list[float]]:
+        """Posterior means and their clipped logs, every cell from the counts."""
+        means = [0.0] * len(self.prior)
+        table = [0.0] * len(self.prior)
+        for cell, (a, t) in enumerate(zip(self.accepted_counts, self.tried_counts)):
+            prior = self.prior[cell] if depth_class(cell) == 0 else means[cell - self.BINS]
+            means[cell] = (a + PRIOR_STRENGTH * prior) / (t + PRIOR_STRENGTH)
+            table[cell] = math.log(min(max(means[cell], 1e-6), C_MAX))
+        return means, table
+
+    def _update_column(self, column: int) -> None:
+        """Recompute the cells of one column (its depth classes, shallowest first)."""
+        rank_class, b = divmod(column, self.BINS)
+        cell = rank_class * DEPTHS * self.BINS + b
+        prior = self.prior[cell]
+        for _ in range(DEPTHS):
+            mean = (self.accepted_counts[cell] + PRIOR_STRENGTH * prior) / (self.tried_counts[cell] + PRIOR_STRENGTH)
+            self._means[cell] = prior = mean
+            self._log_c[cell] = math.log(min(max(mean, 1e-6), C_MAX))
+            cell += self.BINS
 
     def record(self, cells: list[int], accepted: list[bool]) -> None:
         """Count tried nodes (flat cell index each) and which of them were accepted."""
         if not cells:
             return
+        per_rank_class = DEPTHS * self.BINS
         for cell, ok in zip(cells, accepted):
             self.tried_counts[cell] += 1.0
             self.accepted_counts[cell] += float(ok)
-        self._log_c = None
+            self._stale.add((cell // per_rank_class) * self.BINS + cell % self.BINS)
 
 
 def cell_of(log_q: float, rank: int, depth: int = 1) -> int:
@@ -480,15 +512,17 @@ def _subtree(tree: DraftTree, keep: list[int], parents: list[int]) -> DraftTree:
     and index arithmetic (on a tiny model they cost more than the choice itself). A plain step
     (root only) is a slice."""
     if len(keep) == 1:
-        index: Any = slice(0, 1)
-        new_parents = tree.parents[:1]
-    else:
-        index = torch.tensor(keep, dtype=torch.long, device=tree.device)
-        new_parents = torch.tensor(parents, dtype=torch.long, device=tree.device)
-    return replace(tree, tokens=tree.tokens[index], parents=new_parents, depths=tree.depths[index],
-                   logp=tree.logp[index], ranks=tree.ranks[index], _cache={},
-                   draft_probs=None if tree.draft_probs is None else tree.draft_probs[index],
-                   origin=None if tree.origin is None and len(keep) == 1 else tree.origins()[index])
+        return replace(tree, tokens=tree.tokens[:1], parents=tree.parents[:1], depths=tree.depths[:1],
+                       logp=tree.logp[:1], ranks=tree.ranks[:1], _cache={},
+                       draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1],
+                       origin=None if tree.origin is None else tree.origin[:1])
+    index = torch.tensor(keep, dtype=torch.long, device=tree.device)
+    pick = lambda values: torch.index_select(values, 0, index)  # noqa: E731 (cheaper than [index])
+    return replace(tree, tokens=pick(tree.tokens), parents=torch.tensor(parents, dtype=torch.long, device=tree.device),
+                   depths=pick(tree.depths), logp=pick(tree.logp), ranks=pick(tree.ranks), _cache={},
+                   draft_probs=None if tree.draft_probs is None else pick(tree.draft_probs),
+                   # A tree never re-indexed is its own origin: the kept indices are the origins.
+                   origin=index if tree.origin is None else pick(tree.origin))
 
 
 def _closed(keep: list[int], parents: list[int]) -> list[int]:

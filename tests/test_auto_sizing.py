@@ -7,6 +7,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import specframe
 from specframe.interfaces import DraftSession, StepStats
@@ -137,6 +139,18 @@ def test_calibration_starts_optimistic_and_learns():
     assert float(cal.probabilities()[1, 1, 0]) >= 0.5  # ... the other rank class is untouched
 
 
+@given(st.lists(st.lists(st.tuples(st.integers(0, 2 * 3 * Calibration.BINS - 1), st.booleans()), max_size=12),
+                max_size=8))
+def test_calibration_table_updated_per_column_equals_the_full_recomputation(steps):
+    """log_c recomputes only the columns a record touched; any sequence of records must leave
+    the same table as recomputing every cell (a wrong column index or depth order fails)."""
+    cal = Calibration()
+    cal.log_c()
+    for step in steps:
+        cal.record([cell for cell, _ in step], [ok for _, ok in step])
+        assert cal.log_c() == pytest.approx(cal.full_log_c(), abs=1e-12)
+
+
 class _UntimedSession(DraftSession):
     """A session whose draft time stays 0, so that a hiccup of this machine cannot tilt the rates."""
 
@@ -239,16 +253,20 @@ def test_a_build_that_stops_growing_prices_only_the_layers_it_drafted():
     assert sizer.layer_cost > 0.0095
 
 
+@pytest.mark.parametrize("reindexed", [False, True])
 @pytest.mark.parametrize("keep", [[0], [0, 1], [0, 2, 6], [0, 1, 3, 4], [0, 1, 2, 3, 4, 5, 6]])
-def test_host_built_subtree_equals_select(keep):
+def test_host_built_subtree_equals_select(keep, reindexed):
     """The pruner's fast path (indices and re-indexed parents known on the host) beside
-    DraftTree.select, the checked reference; origins compose over a second select too."""
+    DraftTree.select, the checked reference, on a fresh tree (no origins yet) and on one
+    selected before (origins compose)."""
     tree = DraftTree.root(3)
     tree = tree.add_nodes(torch.tensor([0, 0, 0]), torch.tensor([5, 6, 7]), torch.log(torch.tensor([0.5, 0.3, 0.2])),
                           torch.arange(3))
     tree = tree.add_nodes(torch.tensor([1, 1, 2]), torch.tensor([8, 9, 10]), tree.logp[[1, 1, 2]] - 1.0,
                           torch.tensor([0, 1, 0]))
-    tree = tree.select(torch.arange(7))  # give it origins, as after an earlier select
+    if reindexed:
+        tree = tree.select(torch.tensor([0, 1, 2, 3, 4, 5, 6]))  # origins, as after an earlier select
+        tree = tree.select(torch.arange(7))
     index = {old: new for new, old in enumerate(keep)}
     parents = [index[int(tree.parents[i])] if i else -1 for i in keep]
     fast, ref = _subtree(tree, keep, parents), tree.select(torch.tensor(keep))
