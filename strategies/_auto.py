@@ -180,9 +180,15 @@ def deeper(cell: int) -> int:
 
 class HostTree:
     """Host lists of a tree being scored: parents, ranks, depths, cells, calibrated log path
-    probabilities. Grown layer by layer (one read per layer) or read whole (one read)."""
+    probabilities. Grown layer by layer (one read per layer) or read whole (one read).
 
-    def __init__(self) -> None:
+    ``run``: drafted tokens the previous step accepted. A node's calibration cell takes depth
+    ``depth + run``: it extends an accepted run of that many drafted tokens, and a run that
+    crossed a step boundary is as telling as one inside a tree (a copied span goes on being
+    copied whether or not the last step ended in it)."""
+
+    def __init__(self, run: int = 0) -> None:
+        self.run = int(run)
         self.parents, self.ranks, self.depths = [-1], [0], [0]
         self.cells, self.cal, self.log_c = [0], [0.0], [0.0]
         self.logp: list[float] = []  # the draft's cumulative log-probs, read with the first layer
@@ -207,7 +213,7 @@ class HostTree:
         for j in range(m):
             parent, rank = int(links[j]), int(ranks[j])
             depth = self.depths[parent] + 1
-            cell = cell_of(self.logp[k + j] - self.logp[parent], rank, depth)
+            cell = cell_of(self.logp[k + j] - self.logp[parent], rank, depth + self.run)
             self.parents.append(parent)
             self.ranks.append(rank)
             self.depths.append(depth)
@@ -216,9 +222,9 @@ class HostTree:
             self.cal.append(self.cal[parent] + table[cell])
 
     @classmethod
-    def of(cls, tree: DraftTree, calibration: Calibration) -> "HostTree":
+    def of(cls, tree: DraftTree, calibration: Calibration, run: int = 0) -> "HostTree":
         """A whole tree, read at once."""
-        host = cls()
+        host = cls(run)
         host.extend(tree, calibration)
         return host
 
@@ -243,6 +249,7 @@ class AutoSizer:
         self._realised: dict[int | None, float] = {}
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive steps where no size paid for its drafting in steady state
+        self.run = 0  # drafted tokens the last verified step of this sequence accepted
         self._times: dict[int, list[float]] = {}
         self._host: HostTree | None = None  # the tree being grown
         self._grown: DraftTree | None = None  # ... as last scored
@@ -273,6 +280,7 @@ class AutoSizer:
         """New generation: the per-sequence state goes; what was learned about the pair stays."""
         self._last = None
         self._host = self._grown = None
+        self.run = 0
 
     @property
     def cap(self) -> int:
@@ -390,7 +398,7 @@ class AutoSizer:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
         self._guesses = []
-        self._host = HostTree()
+        self._host = HostTree(self.run)
         self._grown = None
 
     def layer_done(self, last: bool = False) -> None:
@@ -412,7 +420,7 @@ class AutoSizer:
     def grown(self, tree: DraftTree) -> HostTree:
         """Host view of the tree being grown, extended by the nodes added since the last call."""
         if self._host is None:
-            self._host = HostTree()
+            self._host = HostTree(self.run)
         self._host.extend(tree, self.calibration)
         self._grown = tree
         return self._host
@@ -423,7 +431,7 @@ class AutoSizer:
         (``choose=False``: keep the whole tree, only record it for :meth:`observe`)."""
         if self._layer_start is not None and len(tree) > 1:
             self.layer_done()  # the last layer ends here (growing loops skip the useless check)
-        host = self._host if self._grown is tree and self._host is not None else HostTree.of(tree, self.calibration)
+        host = self._host if self._grown is tree and self._host is not None else HostTree.of(tree, self.calibration, self.run)
         self._host = self._grown = None
         self._layer_start = None
         n = len(host)
@@ -460,6 +468,7 @@ class AutoSizer:
     def observe(self, step: StepStats) -> float:
         """Learn from one verified step; returns its modelled rate (tokens per second)."""
         last, self._last = self._last, None
+        self.run = step.accepted
         if last is None or len(last["parents"]) != step.tree_size:
             return 0.0
         self._learn_acceptance(last, step.accepted_ranks)

@@ -351,6 +351,27 @@ def test_deep_nodes_are_calibrated_apart_from_shallow_ones():
     assert len(shallow.prune(tree, _Session())) < 4
 
 
+
+def test_a_run_accepted_by_the_last_step_calibrates_the_next_tree_as_deeper():
+    """A copy that the last step accepted goes on: the next tree's nodes extend a run of
+    accepted drafted tokens and are calibrated by the run's length, not by the tree depth."""
+    sizer = sizer_with(CPU, 0.2)
+    tried, accepted = sizer.calibration.tried, sizer.calibration.accepted
+    accepted[:, 2:, :] = 0.95 * tried[:, 2:, :]  # runs of 3 and longer
+    sizer.calibration.set_counts(tried, accepted)
+    tree = chain_tree(8, 1.0)
+    assert len(sizer.prune(tree, _Session())) < 3  # a fresh start: 0.2, then 0.2 again
+    sizer.prune(chain_tree(3, 1.0), _Session(), choose=False)
+    sizer.observe(_verified(chain_tree(3, 1.0), accepted=2, total=0.02, target=0.01))
+    assert sizer.run == 2
+    sizer.begin()
+    host = sizer.grown(tree)
+    assert [round(math.exp(v), 2) for v in host.log_c[1:4]] == [0.95, 0.95, 0.95]
+    assert len(sizer.prune(tree, _Session())) == 8
+    sizer.reset()  # a new sequence starts without a run
+    assert sizer.run == 0 and math.exp(HostTree.of(tree, sizer.calibration).log_c[1]) == pytest.approx(0.2, abs=0.01)
+
+
 def test_drafting_that_never_pays_for_itself_starts_a_dry_spell():
     """Dear draft layers: a sunk draft is still worth verifying, but in steady state a plain
     step is faster, so after WINDOW such steps most steps skip drafting."""
