@@ -4,8 +4,9 @@ Model (docs/auto-sizing.md has the argument):
 
 * Calibration. ``c(u)`` = P(node u accepted | its parent accepted) is learned online, binned by
   the draft's conditional probability of u, by whether u is its parent's top-ranked child and
-  by u's depth (1, 2, 3 or more: a draft that survived two checks is likelier to be right, e.g.
-  a copied span of the prompt). A node is *tried* when its parent is on the accepted path; it
+  by the length of the accepted run u extends (tree depth plus the drafted tokens the last step
+  accepted; classes 1, 2, 3 or more: a draft that survived two checks is likelier to be right,
+  e.g. a copied span of the prompt, and a copy does not stop at a step boundary). A node is *tried* when its parent is on the accepted path; it
   *succeeds* when it is on the path itself. Each bin is a Beta posterior mean with an
   optimistic prior (every bin starts at >= 0.5), so new kinds of nodes get verified until the
   data says otherwise.

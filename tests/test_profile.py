@@ -54,6 +54,39 @@ def test_isotonic_fit_is_the_nearest_non_decreasing_sequence(values):
     assert sq(fit) <= sq(running) + 1e-12
 
 
+def test_sizes_a_target_pads_up_cost_what_the_padded_size_costs():
+    """MKL-packed linears pad 5 rows to 8: the curve is a staircase there, not a line."""
+    seconds = [[1.0, 2.0, 4.0, 8.0]]
+    line = CostCurve("k", [1, 2, 4, 8], [0], seconds)
+    stairs = CostCurve("k", [1, 2, 4, 8], [0], seconds, padded_to=[1, 2, 4, 8, 16])
+    assert line.time(5) == pytest.approx(5.0)
+    assert [stairs.time(n) for n in (1, 3, 4, 5, 7, 8)] == pytest.approx([1.0, 4.0, 4.0, 8.0, 8.0, 8.0])
+    assert stairs.times(8) == pytest.approx([1.0, 2.0, 4.0, 4.0, 8.0, 8.0, 8.0, 8.0])
+    assert stairs.time(12) == pytest.approx(12.0)  # 16 was not measured: interpolated
+    again = CostCurve.from_json(stairs.to_json())
+    assert again.padded_to == [1, 2, 4, 8, 16] and again.time(5) == pytest.approx(8.0)
+    old = json.loads(stairs.to_json())
+    del old["padded_to"]  # a file cached before the field
+    assert CostCurve.from_json(json.dumps(old)).padded_to == []
+
+
+@pytest.mark.skipif(not __import__("specframe.packed_linear", fromlist=["x"]).packing_available(),
+                    reason="no MKL in this torch build")
+def test_a_packed_target_prices_its_buckets_even_from_an_older_cached_curve(cache):
+    from specframe.packed_linear import pack_linears
+
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    pack_linears(model, "mkl", buckets=(1, 2, 4, 8))
+    target = TargetModel(model)
+    assert profile.padded_rows(model) == [1, 2, 4, 8] and profile.padded_rows(tiny_model("llama", seed=0)) == []
+    key = profile.curve_key(model, target.device, target.dtype)
+    cache.mkdir(parents=True)
+    (cache / f"{key}.json").write_text(json.dumps({"key": key, "sizes": [1, 2, 4, 8], "cache_lens": [8],
+                                                   "seconds": [[1.0, 2.0, 3.0, 4.0]]}))
+    curve = profile.curve_for(target, measure_if_missing=False)
+    assert curve.padded_to == [1, 2, 4, 8] and curve.time(5) == pytest.approx(4.0)
+
+
 def test_key_names_model_device_dtype_threads_and_torch():
     model = tiny_model("llama", seed=0)
     key = profile.curve_key(model, torch.device("cpu"), torch.float64, threads=3)
