@@ -18,7 +18,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
@@ -310,10 +310,10 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
     measured now and cached. None when absent and ``measure_if_missing`` is False."""
     key = curve_key(target.model, target.device, target.dtype)
     curve = load_cached(key)
-    if curve is not None and not curve.padded_to and padded_rows(target.model):
-        # A curve cached before the staircase was kept (its key already names the kernel).
-        curve = CostCurve(curve.key, curve.sizes, curve.cache_lens, curve.seconds, padded_rows(target.model))
-        _MEMO[cache_dir(), key] = curve
+    if curve is not None and not curve.padded_to:
+        padded = padded_rows(target.model)
+        if padded:  # a curve cached before the staircase was kept (its key already names the kernel)
+            curve = _MEMO[cache_dir(), key] = replace(curve, padded_to=padded)
     if curve is None and measure_if_missing:
         curve = measure(target)
         try:

@@ -6,10 +6,10 @@ Model (docs/auto-sizing.md has the argument):
   the draft's conditional probability of u, by whether u is its parent's top-ranked child and
   by the length of the accepted run u extends (tree depth plus the drafted tokens the last step
   accepted; classes 1, 2, 3 or more: a draft that survived two checks is likelier to be right,
-  e.g. a copied span of the prompt, and a copy does not stop at a step boundary). A node is *tried* when its parent is on the accepted path; it
-  *succeeds* when it is on the path itself. Each bin is a Beta posterior mean with an
-  optimistic prior (every bin starts at >= 0.5), so new kinds of nodes get verified until the
-  data says otherwise.
+  e.g. a copied span of the prompt, and a copy does not stop at a step boundary). A node is
+  *tried* when its parent is on the accepted path; it *succeeds* when it is on the path itself.
+  Each bin is a Beta posterior mean with an optimistic prior (every bin starts at >= 0.5), so
+  new kinds of nodes get verified until the data says otherwise.
 * Expected accepted length. The calibrated path probability of u is the product of ``c`` along
   its path; E[accepted | tree] = sum of the calibrated path probabilities of its drafted nodes.
   Path probabilities only decrease along a path, so the top-n nodes form a prefix-closed tree.

@@ -351,7 +351,6 @@ def test_deep_nodes_are_calibrated_apart_from_shallow_ones():
     assert len(shallow.prune(tree, _Session())) < 4
 
 
-
 def test_a_run_accepted_by_the_last_step_calibrates_the_next_tree_as_deeper():
     """A copy that the last step accepted goes on: the next tree's nodes extend a run of
     accepted drafted tokens and are calibrated by the run's length, not by the tree depth."""

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from specframe import profile
 from specframe.cli import cli
+from specframe.packed_linear import pack_linears, packing_available
 from specframe.profile import CostCurve
 from specframe.target import TargetModel
 from specframe.testing.models import tiny_model
@@ -70,11 +71,8 @@ def test_sizes_a_target_pads_up_cost_what_the_padded_size_costs():
     assert CostCurve.from_json(json.dumps(old)).padded_to == []
 
 
-@pytest.mark.skipif(not __import__("specframe.packed_linear", fromlist=["x"]).packing_available(),
-                    reason="no MKL in this torch build")
+@pytest.mark.skipif(not packing_available(), reason="no MKL in this torch build")
 def test_a_packed_target_prices_its_buckets_even_from_an_older_cached_curve(cache):
-    from specframe.packed_linear import pack_linears
-
     model = tiny_model("llama", seed=0, dtype=torch.float32)
     pack_linears(model, "mkl", buckets=(1, 2, 4, 8))
     target = TargetModel(model)
@@ -93,7 +91,7 @@ def test_key_names_model_device_dtype_threads_and_torch():
     assert "cpu" in key and "float64" in key and "_t3_" in key and torch.__version__.split("+")[0] in key
     assert profile.curve_key(tiny_model("llama", seed=1), torch.device("cpu"), torch.float64, 3) == key
     assert profile.curve_key(model, torch.device("cpu"), torch.float32, 3) != key
-    from specframe.packed_linear import available_kernels, pack_linears
+    from specframe.packed_linear import available_kernels
 
     for kernel in available_kernels():  # the kernel changes T(n), so it is part of the key
         packed = tiny_model("llama", seed=0, dtype=torch.float32)
