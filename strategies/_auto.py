@@ -203,24 +203,35 @@ class HostTree:
         k, n = len(self), len(tree)
         if k >= n:
             return
-        # One read of what the host does not know yet; depths and the parents' log-probs are
+        # Only what the host does not know yet is read; depths and the parents' log-probs are
         # derived here (every tensor op costs more than the arithmetic on a tiny model's step).
-        first = len(self.logp)
-        host = torch.cat([tree.logp[first:].double(), tree.parents[k:].double(), tree.ranks[k:].double()]).tolist()
-        m = n - k
-        self.logp += host[: n - first]
-        links, ranks = host[n - first: n - first + m], host[n - first + m:]
-        table = calibration.log_c()
-        for j in range(m):
-            parent, rank = int(links[j]), int(ranks[j])
-            depth = self.depths[parent] + 1
-            cell = cell_of(self.logp[k + j] - self.logp[parent], rank, depth + self.run)
-            self.parents.append(parent)
-            self.ranks.append(rank)
-            self.depths.append(depth)
+        first, m = len(self.logp), n - k
+        if tree.device.type == "cpu":
+            # On the CPU a read is a copy: three whole reads cost less than one concatenation
+            # (or than slicing first), and a tree holds at most a few hundred nodes.
+            self.logp += tree.logp.tolist()[first:]
+            links, ranks = tree.parents.tolist()[k:], tree.ranks.tolist()[k:]
+        else:
+            # On an accelerator every read waits for the device: read once.
+            host = torch.cat([tree.logp[first:].double(), tree.parents[k:].double(), tree.ranks[k:].double()]).tolist()
+            self.logp += host[: n - first]
+            links, ranks = host[n - first: n - first + m], host[n - first + m:]
+        links, ranks = [int(p) for p in links], [int(r) for r in ranks]
+        # cell_of inlined (it is the reference; a test holds them equal): a call per node was
+        # a third of the sizer's time on a tiny model's step.
+        table, logp, depths, cal = calibration.log_c(), self.logp, self.depths, self.cal
+        bins, run, exp, edges, bisect_right = Calibration.BINS, self.run, math.exp, Q_EDGES, bisect.bisect_right
+        for j, parent in enumerate(links):
+            depth = depths[parent] + 1
+            log_q = logp[k + j] - logp[parent]
+            row = (0 if ranks[j] == 0 else DEPTHS) + min(depth + run, DEPTHS) - 1
+            cell = row * bins + bisect_right(edges, exp(log_q) if log_q < 0.0 else 1.0)
+            depths.append(depth)
             self.cells.append(cell)
             self.log_c.append(table[cell])
-            self.cal.append(self.cal[parent] + table[cell])
+            cal.append(cal[parent] + table[cell])
+        self.parents += links
+        self.ranks += ranks
 
     @classmethod
     def of(cls, tree: DraftTree, calibration: Calibration, run: int = 0) -> "HostTree":
@@ -303,8 +314,14 @@ class AutoSizer:
     # ------------------------------------------------------------------ cost model
     def target_times(self, n_max: int, context: int | None) -> list[float]:
         """Modelled target seconds ``[T(1), ..., T(n_max)]`` at this context length."""
+        table, scale = self._curve_table(n_max, context)
+        return [scale * t for t in table[:n_max]]
+
+    def _curve_table(self, n_max: int, context: int | None) -> tuple[list[float], float]:
+        """The curve's times at this context (at least ``n_max`` sizes, uncorrected) and the
+        factor that makes them modelled seconds (the correction; 1 for the flat stand-in)."""
         if self.curve is None:
-            return [FALLBACK_STEP_SECONDS] * n_max
+            return [FALLBACK_STEP_SECONDS] * n_max, 1.0
         # Interpolating the curve every step costs more than a tree forward of a tiny model:
         # tabulate it once per context bucket of 32 tokens.
         bucket = 0 if context is None else int(context) // 32
@@ -312,7 +329,7 @@ class AutoSizer:
         if table is None or len(table) < n_max:
             table = self.curve.times(max(n_max, self.max_size + 1), None if context is None else 32 * bucket + 16)
             self._times[bucket] = table
-        return [self.correction * t for t in table[:n_max]]
+        return table, self.correction
 
     def rates(self, gains: list[float], draft: float | list[float], context: int | None) -> list[float]:
         """Modelled tokens per second of the top-m trees, m = 1..len(gains)+1; ``draft`` is the
@@ -436,14 +453,11 @@ class AutoSizer:
         self._host = self._grown = None
         self._layer_start = None
         n = len(host)
-        order = sorted(range(1, n), key=lambda i: (-host.cal[i], i))
-        gains = [math.exp(host.cal[i]) for i in order]
+        # Stable and reversed: equal path probabilities keep index order (the smaller index first).
+        order = sorted(range(1, n), key=host.cal.__getitem__, reverse=True)
         context = getattr(session, "context_len", None)
-        # This step: the draft time is spent, so only the target's cost depends on the size.
-        m = _argmax(self.rates(gains, session.draft_time, context)) + 1 if choose else n
-        # Next steps: the build cap follows the size that pays in steady state, where a size
-        # also costs the draft layers it needs (one forward per depth level of its top-n).
-        steady = _argmax(self.rates(gains, self._layer_costs(order, host.depths), context)) + 1
+        m, steady = self._best_sizes(host, order, session.draft_time, context)
+        m = m if choose else n
         self.kept.append(steady)
         # A dry spell: drafting does not pay for itself in steady state (even if this step's
         # sunk draft is worth verifying).
@@ -456,6 +470,31 @@ class AutoSizer:
         if len(keep) == n:
             return tree
         return _subtree(tree, keep, self._last["parents"])
+
+    def _best_sizes(self, host: HostTree, order: list[int], sunk: float, context: int | None) -> tuple[int, int]:
+        """The sizes m that maximise the modelled rate of the top-m tree (``order``: nodes by
+        calibrated path probability), ties to the smaller tree: this step's, where the draft
+        time ``sunk`` is spent and only the target's cost depends on the size, and the steady
+        state's, where a size also costs the draft layers it needs (one forward per depth level
+        of its top-m). One pass; :meth:`rates` with :meth:`_layer_costs` is the reference."""
+        table, scale = self._curve_table(len(order) + 1, context)
+        cal, depths, layer, over, exp = host.cal, host.depths, self.layer_cost, self.overhead, math.exp
+        expected, deepest = 0.0, 0
+        best_now = best_steady = -1.0
+        m_now = m_steady = 1
+        for m in range(1, len(order) + 2):
+            if m > 1:
+                i = order[m - 2]
+                expected += exp(cal[i])
+                if depths[i] > deepest:
+                    deepest = depths[i]
+            t = scale * table[m - 1]
+            now, steady = (1.0 + expected) / (t + sunk + over), (1.0 + expected) / (t + layer * deepest + over)
+            if now > best_now:
+                best_now, m_now = now, m
+            if steady > best_steady:
+                best_steady, m_steady = steady, m
+        return m_now, m_steady
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
         """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
@@ -474,7 +513,8 @@ class AutoSizer:
             return 0.0
         self._learn_acceptance(last, step.accepted_ranks)
         self._check_guesses(step.accepted)
-        curve_t = self.target_times(step.tree_size, last["context"])[-1] / self.correction
+        table, scale = self._curve_table(step.tree_size, last["context"])
+        curve_t = scale * table[step.tree_size - 1] / self.correction
         if self.sync_timers and curve_t > 0 and step.target_time > 0:
             self.correction += EMA * (min(max(step.target_time / curve_t, 0.2), 5.0) - self.correction)
         model_t = self.correction * curve_t
@@ -519,13 +559,14 @@ def _argmax(values: list[float]) -> int:
 def _subtree(tree: DraftTree, keep: list[int], parents: list[int]) -> DraftTree:
     """``tree.select(keep)`` for a ``keep`` known on the host to be sorted, rooted and
     ancestor-closed, with its re-indexed ``parents``: a few gathers instead of select's checks
-    and index arithmetic (on a tiny model they cost more than the choice itself). A plain step
-    (root only) is a slice."""
-    if len(keep) == 1:
-        return replace(tree, tokens=tree.tokens[:1], parents=tree.parents[:1], depths=tree.depths[:1],
-                       logp=tree.logp[:1], ranks=tree.ranks[:1], _cache={},
-                       draft_probs=None if tree.draft_probs is None else tree.draft_probs[:1],
-                       origin=None if tree.origin is None else tree.origin[:1])
+    and index arithmetic (on a tiny model they cost more than the choice itself). A prefix
+    (a plain step, a layer-wise tree cut after its best nodes) is a slice of every field."""
+    if keep[-1] == len(keep) - 1:
+        m = len(keep)
+        return replace(tree, tokens=tree.tokens[:m], parents=tree.parents[:m], depths=tree.depths[:m],
+                       logp=tree.logp[:m], ranks=tree.ranks[:m], _cache={},
+                       draft_probs=None if tree.draft_probs is None else tree.draft_probs[:m],
+                       origin=None if tree.origin is None else tree.origin[:m])
     index = torch.tensor(keep, dtype=torch.long, device=tree.device)
     pick = lambda values: torch.index_select(values, 0, index)  # noqa: E731 (cheaper than [index])
     return replace(tree, tokens=pick(tree.tokens), parents=torch.tensor(parents, dtype=torch.long, device=tree.device),

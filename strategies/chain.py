@@ -124,6 +124,8 @@ class ChainPolicy(AutoSizedPolicy):
                 break
             if i + 1 < gamma and stop_growing(sizer, tree, torch.tensor([node], device=tree.device), session):
                 break
+        if sizer is not None:
+            sizer.grown(tree)  # the last link was not read yet: prune reads no more
         if not self.options.sample:
             return tree
         # Row u = the q node u's child was drawn from; the last node was never expanded.

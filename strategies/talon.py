@@ -128,4 +128,6 @@ class TalonPolicy(AutoSizedPolicy):
             depth += 1
             if len(tree) < n_max and stop_growing(sizer, tree, frontier, session):
                 break
+        if sizer is not None:
+            sizer.grown(tree)  # a full tree's last layer was not read yet: prune reads no more
         return tree

@@ -19,7 +19,8 @@ from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
 from specframe.strategies._auto import (CHEAP_LAYER, PROBE_EVERY, Q_EDGES, WINDOW, AutoSizer, Calibration, HostTree,
-                                        MuBandit, _subtree, cell_of, deeper, stop_growing)
+                                        MuBandit, _argmax, _subtree, cell_of, deeper, stop_growing)
+from specframe.testing.strategies import draft_trees
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
 CPU_RATIOS = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.1, 32: 2.5, 64: 4.0}
@@ -127,6 +128,40 @@ def test_host_tree_scores_path_products_incrementally_and_whole_alike():
     assert whole.cal == pytest.approx(grown.cal)
     expected = [sum(math.log(c[min(d, len(c)) - 1]) for d in range(1, k + 1)) for k in range(6)]
     assert whole.cal == pytest.approx(expected)
+
+
+@given(draft_trees(max_nodes=24), st.integers(0, 4))
+def test_host_tree_cells_equal_cell_of(tree, run):
+    """HostTree inlines cell_of for speed: every node's cell, from its conditional draft
+    probability, rank and depth plus the run, is the reference's."""
+    host = HostTree.of(tree, Calibration(), run)
+    logp, parents = tree.logp.tolist(), tree.parents.tolist()
+    expected = [cell_of(logp[i] - logp[parents[i]], int(tree.ranks[i]), int(tree.depths[i]) + run)
+                for i in range(1, len(tree))]
+    assert host.cells[1:] == expected
+    assert host.depths == tree.depths.tolist() and host.parents[1:] == parents[1:]
+
+
+@given(draft_trees(max_nodes=24), st.floats(0.0, 0.01), st.floats(0.0, 0.005), st.floats(0.0, 0.003),
+       st.sampled_from([CPU, FLAT, STEEP, None]))
+def test_one_pass_size_choice_equals_the_rates_reference(tree, sunk, layer, overhead, curve):
+    """The pruner's fused loop picks the sizes that rates() and _argmax pick, for this step
+    (draft time sunk) and for the steady state (draft layers priced per depth level)."""
+    sizer = sizer_with(curve, 0.6) if curve is not None else AutoSizer(64)
+    sizer.layer_cost, sizer.overhead, sizer.correction = layer, overhead, 1.3
+    host = HostTree.of(tree, sizer.calibration)
+    order = sorted(range(1, len(host)), key=lambda i: (-host.cal[i], i))
+    gains = [math.exp(host.cal[i]) for i in order]
+    now = _argmax(sizer.rates(gains, sunk, 100)) + 1
+    steady = _argmax(sizer.rates(gains, sizer._layer_costs(order, host.depths), 100)) + 1
+    assert sizer._best_sizes(host, order, sunk, 100) == (now, steady)
+
+
+def test_one_pass_size_choice_breaks_ties_to_the_smaller_tree():
+    sizer = sizer_with(FLAT, 0.6)
+    host = HostTree()
+    host.parents, host.depths, host.cal = [-1, 0, 0], [0, 1, 1], [0.0, -math.inf, -math.inf]  # worthless nodes
+    assert sizer._best_sizes(host, [1, 2], 0.0, None) == (1, 1)
 
 
 def test_calibration_starts_optimistic_and_learns():
