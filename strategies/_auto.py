@@ -359,8 +359,8 @@ class AutoSizer:
         # The marginal node time at this size, smoothed over a doubling of the tree (the curve
         # is noisy; its jump from T(1) to T(2) was paid by the first layer already).
         top = max(min(2 * size, self.max_size), size + 1)
-        times = self.target_times(top, context)
-        slope = max(times[-1] - times[size - 1], 0.0) / (top - size)
+        table, scale = self._curve_table(top, context)
+        slope = scale * max(table[top - 1] - table[size - 1], 0.0) / (top - size)
         guess = best_new * c_best
         # A free layer (cheap_drafts) needs no second-guessing: over-drafting costs nothing, the
         # chooser keeps only what pays, and a factor learned on fallback guesses or on prose
@@ -607,15 +607,14 @@ class MuBandit:
 
     def choose(self) -> float:
         """The gate for the next tree."""
-        untried = [i for i, c in enumerate(self.count) if c == 0.0]
-        if untried:
-            self.arm = untried[0]
+        count = self.count
+        if 0.0 in count:
+            self.arm = count.index(0.0)  # every gate is tried once first
         else:
-            n = sum(self.count)
-            means = [t / c for t, c in zip(self.total, self.count)]
-            scale = max(means) or 1.0
-            self.arm = max(range(len(self.grid)), key=lambda i: (
-                means[i] + self.bonus * scale * math.sqrt(math.log(max(n, 1.0)) / self.count[i]), -i))
+            means = [t / c for t, c in zip(self.total, count)]
+            width = self.bonus * (max(means) or 1.0) * math.sqrt(math.log(max(sum(count), 1.0)))
+            ucb = [mean + width / math.sqrt(c) for mean, c in zip(means, count)]
+            self.arm = ucb.index(max(ucb))  # ties: the first (smallest) gate
         return self.grid[self.arm]
 
     def reward(self, value: float) -> None:
