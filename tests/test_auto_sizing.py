@@ -445,6 +445,22 @@ def test_a_free_drafter_builds_to_the_largest_size():
     assert sizer.cheap_drafts and sizer.cap == 40
 
 
+@pytest.mark.parametrize("layer_cost,first_width", [(0.5 * 0.01, 9), (1e-6, 1)])
+def test_talon_auto_starts_a_free_drafters_tree_with_one_child(layer_cost, first_width):
+    """A dear draft layer: the root's Top-K (within the cap) make one wide layer. A free one
+    (an n-gram lookup): one child, the depth comes free."""
+    from specframe.testing.synthetic import SyntheticDrafter, make_session
+
+    policy = make_plugin("policies", ("talon", {"budget": "auto", "mu": 0.03, "top_k": 9}))
+    sizer = policy.sizer
+    sizer.curve, sizer.layer_cost = CPU, layer_cost
+    sizer.kept.extend([8] * WINDOW)  # cap 16
+    sizer.prune = lambda tree, session, choose=True: tree  # the tree as built
+    tree = policy.build(make_session(SyntheticDrafter(vocab_size=32, mode="random", temperature=2.0, seed=1)), 64)
+    assert sizer.cheap_drafts == (first_width == 1)
+    assert tree.width_per_depth()[1] == first_width
+
+
 def test_mu_bandit_settles_on_the_best_gate():
     gen = torch.Generator().manual_seed(0)
     best = {0.01: 1.0, 0.03: 1.3, 0.1: 1.1, 0.3: 0.9, 1.0: 0.7}
