@@ -253,7 +253,9 @@ class AutoSizer:
         self.sync_timers = True
         self.correction = 1.0
         self.overhead = 0.0
-        self.layer_cost = 0.0  # seconds per draft layer (forward + policy work), running
+        self.layer_cost = 0.0  # seconds of a build's first draft layer (forward + policy work), running
+        self.deep_layer_cost = 0.0  # ... of a later layer (0: none timed yet, the first's stands in)
+        self._layers = 0  # layers timed in this build
         self.rate = 0.0  # tokens per modelled second, running
         self._guesses: list[tuple[int, float, int | None]] = []  # this step's (depth, guess, cell)
         # Discounted sums over the guesses checked, per calibration cell the guess priced.
@@ -306,10 +308,20 @@ class AutoSizer:
 
     @property
     def cheap_drafts(self) -> bool:
-        """Whether a draft layer (as measured so far) costs under ``CHEAP_LAYER`` of T(1)."""
+        """Whether a draft layer (as measured so far, first or later) costs under
+        ``CHEAP_LAYER`` of T(1)."""
         if self.layer_cost <= 0.0 or self._plain_step is None:
             return False
-        return self.layer_cost < CHEAP_LAYER * self.correction * self._plain_step
+        return max(self.layer_cost, self.deep_layer_cost) < CHEAP_LAYER * self.correction * self._plain_step
+
+    @property
+    def next_layer_cost(self) -> float:
+        """Running seconds of a layer after the first: what growing a tree by one layer costs."""
+        return self.deep_layer_cost or self.layer_cost
+
+    def draft_seconds(self, depth: int) -> float:
+        """Modelled draft seconds of a tree ``depth`` layers deep."""
+        return 0.0 if depth <= 0 else self.layer_cost + (depth - 1) * self.next_layer_cost
 
     # ------------------------------------------------------------------ cost model
     def target_times(self, n_max: int, context: int | None) -> list[float]:
@@ -366,7 +378,7 @@ class AutoSizer:
         # chooser keeps only what pays, and a factor learned on fallback guesses or on prose
         # must not stop a copied span from being drafted in full.
         factor = 1.0 if self.cheap_drafts else self.growth_factor(cell)
-        grow = guess * factor >= self.rate * (slope + self.layer_cost)
+        grow = guess * factor >= self.rate * (slope + self.next_layer_cost)
         if grow and depth is not None:
             self._guesses.append((depth, guess, cell))
         return grow
@@ -415,6 +427,7 @@ class AutoSizer:
     def begin(self) -> None:
         """A build starts: layer timing runs from here, scoring from the root."""
         self._layer_start = time.perf_counter()
+        self._layers = 0
         self._guesses = []
         self._host = HostTree(self.run)
         self._grown = None
@@ -426,13 +439,19 @@ class AutoSizer:
         per-layer costs. ``last``: growth stops here, so the time until :meth:`prune` is not a
         layer (it was once timed as one: every build that stopped early added a near-zero
         "layer", which halved the price where one layer in two was the last, and trees grew
-        layers that did not pay). First and later layers share one price: the first's extra (an
-        EAGLE head's catch-up on the accepted tokens) stands in for the per-node costs a deeper
-        tree adds outside the layers (bookkeeping, verification), which the timer does not see."""
+        layers that did not pay). The first layer and the later ones are priced apart: a later
+        layer expands a whole frontier under a tree mask, and on the 2-core CPU it cost 1.2x
+        the first for the tiny pair's draft model and 1.5x for SmolLM2's EAGLE-3 head (median
+        per layer); one shared price, set mostly by first layers, made growth look cheaper than
+        it was."""
         now = time.perf_counter()
         if self._layer_start is not None:
             spent = now - self._layer_start
-            self.layer_cost = spent if self.layer_cost == 0.0 else self.layer_cost + EMA * (spent - self.layer_cost)
+            if self._layers == 0:
+                self.layer_cost = _running(self.layer_cost, spent)
+            else:
+                self.deep_layer_cost = _running(self.deep_layer_cost, spent)
+            self._layers += 1
         self._layer_start = None if last else now
 
     def grown(self, tree: DraftTree) -> HostTree:
@@ -478,8 +497,8 @@ class AutoSizer:
         state's, where a size also costs the draft layers it needs (one forward per depth level
         of its top-m). One pass; :meth:`rates` with :meth:`_layer_costs` is the reference."""
         table, scale = self._curve_table(len(order) + 1, context)
-        cal, depths, layer, over, exp = host.cal, host.depths, self.layer_cost, self.overhead, math.exp
-        expected, deepest = 0.0, 0
+        cal, depths, over, exp = host.cal, host.depths, self.overhead, math.exp
+        expected, deepest, drafts = 0.0, 0, 0.0
         best_now = best_steady = -1.0
         m_now = m_steady = 1
         for m in range(1, len(order) + 2):
@@ -488,8 +507,9 @@ class AutoSizer:
                 expected += exp(cal[i])
                 if depths[i] > deepest:
                     deepest = depths[i]
+                    drafts = self.draft_seconds(deepest)
             t = scale * table[m - 1]
-            now, steady = (1.0 + expected) / (t + sunk + over), (1.0 + expected) / (t + layer * deepest + over)
+            now, steady = (1.0 + expected) / (t + sunk + over), (1.0 + expected) / (t + drafts + over)
             if now > best_now:
                 best_now, m_now = now, m
             if steady > best_steady:
@@ -497,11 +517,11 @@ class AutoSizer:
         return m_now, m_steady
 
     def _layer_costs(self, order: list[int], depths: list[int]) -> list[float]:
-        """Draft seconds of the top-m trees, m = 1..n: the layer cost times their depth."""
+        """Draft seconds of the top-m trees, m = 1..n: :meth:`draft_seconds` of their depth."""
         deepest, out = 0, [0.0]
         for i in order:
             deepest = max(deepest, depths[i])
-            out.append(self.layer_cost * deepest)
+            out.append(self.draft_seconds(deepest))
         return out
 
     # ------------------------------------------------------------------ learning
@@ -549,6 +569,11 @@ class AutoSizer:
                 break
             node, depth = nxt, depth + 1
         self.calibration.record(tried, ok)
+
+
+def _running(mean: float, value: float) -> float:
+    """Exponential running mean (weight ``EMA`` on the newest value); 0 means none yet."""
+    return value if mean == 0.0 else mean + EMA * (value - mean)
 
 
 def _argmax(values: list[float]) -> int:

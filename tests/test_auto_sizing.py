@@ -142,13 +142,13 @@ def test_host_tree_cells_equal_cell_of(tree, run):
     assert host.depths == tree.depths.tolist() and host.parents[1:] == parents[1:]
 
 
-@given(draft_trees(max_nodes=24), st.floats(0.0, 0.01), st.floats(0.0, 0.005), st.floats(0.0, 0.003),
-       st.sampled_from([CPU, FLAT, STEEP, None]))
-def test_one_pass_size_choice_equals_the_rates_reference(tree, sunk, layer, overhead, curve):
+@given(draft_trees(max_nodes=24), st.floats(0.0, 0.01), st.floats(0.0, 0.005), st.floats(0.0, 0.005),
+       st.floats(0.0, 0.003), st.sampled_from([CPU, FLAT, STEEP, None]))
+def test_one_pass_size_choice_equals_the_rates_reference(tree, sunk, layer, deep, overhead, curve):
     """The pruner's fused loop picks the sizes that rates() and _argmax pick, for this step
     (draft time sunk) and for the steady state (draft layers priced per depth level)."""
     sizer = sizer_with(curve, 0.6) if curve is not None else AutoSizer(64)
-    sizer.layer_cost, sizer.overhead, sizer.correction = layer, overhead, 1.3
+    sizer.layer_cost, sizer.deep_layer_cost, sizer.overhead, sizer.correction = layer, deep, overhead, 1.3
     host = HostTree.of(tree, sizer.calibration)
     order = sorted(range(1, len(host)), key=lambda i: (-host.cal[i], i))
     gains = [math.exp(host.cal[i]) for i in order]
@@ -272,6 +272,23 @@ def test_layer_cost_is_timed_per_layer():
         time.sleep(0.01)
         sizer.layer_done()
     assert 0.009 < sizer.layer_cost < 0.1
+
+
+def test_first_and_later_layers_are_priced_apart():
+    """Growth adds a later layer, so its price is a later layer's (a frontier under a tree mask
+    can cost more than the first layer); a tree d layers deep costs the first plus d - 1 later."""
+    sizer = AutoSizer(16)
+    for _ in range(3):
+        sizer.begin()
+        time.sleep(0.002)
+        sizer.layer_done()  # the first layer
+        time.sleep(0.02)
+        sizer.layer_done(last=True)  # a second, dearer one
+    assert sizer.layer_cost < 0.01 < sizer.next_layer_cost == sizer.deep_layer_cost
+    assert sizer.draft_seconds(3) == pytest.approx(sizer.layer_cost + 2 * sizer.deep_layer_cost)
+    fresh = AutoSizer(16)
+    fresh.layer_cost = 0.004  # no later layer timed yet: the first's price stands in
+    assert fresh.next_layer_cost == 0.004 and fresh.draft_seconds(2) == pytest.approx(0.008)
 
 
 def test_a_build_that_stops_growing_prices_only_the_layers_it_drafted():
@@ -456,8 +473,8 @@ def test_talon_auto_starts_a_free_drafters_tree_with_one_child(layer_cost, first
     sizer.curve, sizer.layer_cost = CPU, layer_cost
     sizer.kept.extend([8] * WINDOW)  # cap 16
     sizer.prune = lambda tree, session, choose=True: tree  # the tree as built
-    tree = policy.build(make_session(SyntheticDrafter(vocab_size=32, mode="random", temperature=2.0, seed=1)), 64)
     assert sizer.cheap_drafts == (first_width == 1)
+    tree = policy.build(make_session(SyntheticDrafter(vocab_size=32, mode="random", temperature=2.0, seed=1)), 64)
     assert tree.width_per_depth()[1] == first_width
 
 
