@@ -215,8 +215,8 @@ class HostTree:
             # On an accelerator every read waits for the device: read once.
             host = torch.cat([tree.logp[first:].double(), tree.parents[k:].double(), tree.ranks[k:].double()]).tolist()
             self.logp += host[: n - first]
-            links, ranks = host[n - first: n - first + m], host[n - first + m:]
-        links, ranks = [int(p) for p in links], [int(r) for r in ranks]
+            links = [int(p) for p in host[n - first: n - first + m]]
+            ranks = [int(r) for r in host[n - first + m:]]
         # cell_of inlined (it is the reference; a test holds them equal): a call per node was
         # a third of the sizer's time on a tiny model's step.
         table, logp, depths, cal = calibration.log_c(), self.logp, self.depths, self.cal
@@ -544,7 +544,7 @@ class AutoSizer:
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
         self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
         rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
-        self.rate = rate if self.rate == 0.0 else self.rate + EMA * (rate - self.rate)
+        self.rate = _running(self.rate, rate)
         return rate
 
     def _learn_acceptance(self, last: dict[str, Any], accepted_ranks: list[int]) -> None:
