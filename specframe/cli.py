@@ -278,9 +278,9 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--reps", type=int, default=7, show_default=True, help="Timed runs per point (median).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG to write (default: beside the cached curve).")
-@click.option("--packed-linears", type=click.Choice(["auto", "onednn", "mkl"]), is_flag=False, flag_value="auto",
+@click.option("--packed-linears", type=click.Choice(["auto", "native", "onednn", "mkl"]), is_flag=False, flag_value="auto",
               default=None, help="Measure with fast small-batch float32 CPU linears, as [target] packed_linears "
-                                 "(alone: auto, the faster kernel on this CPU).")
+                                 "(alone: auto, the fastest kernel on this CPU).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
                     cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and

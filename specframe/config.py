@@ -35,7 +35,7 @@ BYTES_TOKENIZER = "bytes"
 ON_OVERFLOW = ("error", "skip")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")
-LINEAR_KERNELS = ("auto", "onednn", "mkl")  # packed_linears values besides true/false
+LINEAR_KERNELS = ("auto", "native", "onednn", "mkl")  # packed_linears values besides true/false
 
 
 class ConfigError(ValueError):
@@ -55,7 +55,8 @@ class ModelSpec:
         tokenizer: tokenizer path / name (default: the model's own; ``bytes`` for random models).
         random: options of ``random:``/``perturbed:`` models.
         packed_linears: fast small-batch float32 CPU linears (:mod:`specframe.packed_linear`):
-            ``true`` / ``"auto"`` (the faster kernel on this CPU), ``"onednn"`` or ``"mkl"``
+            ``true`` / ``"auto"`` (the fastest kernel on this CPU), ``"native"`` (specframe's
+            own, compiled here at first use), ``"onednn"`` or ``"mkl"``
             (pre-packed MKL weights); faster tree forwards, last-bit different logits.
     """
 

@@ -1,4 +1,5 @@
-"""Linear layers for the small row counts of tree forwards (float32 on CPU): oneDNN or MKL-packed.
+"""Linear layers for the small row counts of tree forwards (float32 on CPU): specframe's own
+small-row GEMM, oneDNN or MKL-packed.
 
 A speculative step runs the target on a handful of tree tokens. At that size a CPU GEMM is far
 from the memory-bound limit: plain ``F.linear`` re-packs the whole weight matrix on every call,
@@ -12,10 +13,15 @@ Which library is fastest depends on the CPU. MKL takes its slow paths on AMD pro
 2-core AMD EPYC (Zen 4) a packed 16-row forward of SmolLM2-135M cost 2.3 one-row forwards,
 while oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, JIT kernels for the CPU at hand)
 cost 1.6 and was as fast for one row; on the Intel machine of the first measurements packed
-MKL gave 1.48. :class:`OneDnnLinear` needs no packed copies. :func:`pack_linears` with
-``kernel="auto"`` times both on the model's largest linear and keeps the faster.
+MKL gave 1.48. :class:`OneDnnLinear` needs no packed copies. :class:`NativeLinear` runs
+``csrc/small_gemm.cpp`` (:mod:`specframe.native_gemm` compiles it for this CPU at first use):
+on a 2-core Intel Xeon it made a SmolLM2-135M tree forward 15-16% faster than packed MKL at
+every size from 1 to 16 tokens, and a row's result does not depend on the number of rows.
+:func:`pack_linears` with ``kernel="auto"`` times the available kernels on the model's largest
+linear and keeps the fastest.
 
-Memory (MKL): one extra copy of the weights per bucket. Numerics: a packed GEMM adds in another order
+Memory: one extra copy of the weights per bucket (MKL), one in all (native). Both copies are
+taken when the layer is wrapped, so weights changed later are not seen. Numerics: a packed GEMM adds in another order
 than ``F.linear`` does, so logits differ from the unpacked model's in the last bits. Every arm of
 an experiment runs the same packed model, so greedy speculative output still equals greedy
 decoding of that model; against the *unpacked* model a float32 near-tie can flip.
@@ -31,8 +37,12 @@ import torch.nn.functional as F
 from torch import nn
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
-#: Kernels :func:`pack_linears` can install (``"auto"``: the faster on this machine).
-KERNELS = ("onednn", "mkl")
+#: Kernels :func:`pack_linears` can install (``"auto"``: the fastest on this machine).
+KERNELS = ("native", "onednn", "mkl")
+#: Most rows :class:`NativeLinear` takes: row tiles past the first re-read a cached panel without
+#: the weight stream to hide behind, and at 64 rows a SmolLM2 forward was already faster through
+#: ``F.linear`` (142 against 128 ms; 103 against 105 at 48). A prefill goes to ``F.linear``.
+NATIVE_MAX_ROWS = 48
 
 
 def packing_available() -> bool:
@@ -45,15 +55,57 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def native_available() -> bool:
+    """Whether specframe's own small-row GEMM builds here (a C++ compiler; the first call
+    compiles it, later processes load the cached build)."""
+    from .native_gemm import load_extension
+
+    return load_extension() is not None
+
+
 def available_kernels() -> tuple[str, ...]:
-    """The kernels of :data:`KERNELS` this torch build has."""
-    have = {"onednn": onednn_available(), "mkl": packing_available()}
+    """The kernels of :data:`KERNELS` this machine has."""
+    have = {"native": native_available(), "onednn": onednn_available(), "mkl": packing_available()}
     return tuple(k for k in KERNELS if have[k])
 
 
 def _plain(x: torch.Tensor) -> bool:
     """Inputs the fast kernels do not take: not float32 on the CPU, or autograd is on."""
     return x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled()
+
+
+class NativeLinear(nn.Module):
+    """A drop-in ``nn.Linear`` (same ``weight``/``bias`` tensors) whose float32 inference forward
+    of at most :data:`NATIVE_MAX_ROWS` rows runs specframe's small-row GEMM
+    (``csrc/small_gemm.cpp``, compiled for this CPU) on a weight packed once into 16-column
+    panels; anything else takes ``F.linear``. Each row's result is the same whatever the number
+    of rows in the call."""
+
+    kernel = "native"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        from .native_gemm import load_extension
+
+        self._ops = load_extension()
+        if self._ops is None:
+            raise RuntimeError("the native kernel cannot be built here (see specframe.native_gemm.unavailable_reason)")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        w = self.weight.detach()
+        self._packed = self._ops.pack(w) if w.dtype == torch.float32 and w.device.type == "cpu" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, through the packed panels for a few float32 rows."""
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        if not 0 < rows <= NATIVE_MAX_ROWS or self._packed is None or _plain(x):
+            return F.linear(x, self.weight, self.bias)
+        out = self._ops.linear(x.reshape(rows, x.shape[-1]), self._packed, self.out_features,
+                               None if self.bias is None else self.bias.detach())
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel=native"
 
 
 class OneDnnLinear(nn.Module):
@@ -125,7 +177,8 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = (1, 4, 16), reps: i
     is kept for the process, so every load of one model gets the same kernel (and cost curve)."""
     kernels = available_kernels()
     if not kernels:
-        raise RuntimeError("packed linears need a torch build with oneDNN or MKL (x86 CPU wheels have both)")
+        raise RuntimeError("packed linears need a C++ compiler (native kernel) or a torch build with oneDNN "
+                           "or MKL (x86 CPU wheels have both)")
     layers = _linears(model)
     if len(kernels) < 2 or not layers:
         return kernels[0]
@@ -152,19 +205,26 @@ def _time_kernels(largest: nn.Linear, kernels: tuple[str, ...], rows: tuple[int,
 
 
 def _wrap(linear: nn.Linear, kernel: str, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> nn.Module:
+    if kernel == "native":
+        return NativeLinear(linear)
     return OneDnnLinear(linear) if kernel == "onednn" else PackedLinear(linear, buckets)
 
 
 def pack_linears(model: nn.Module, kernel: str = "auto", buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> str:
     """Replace every float32 CPU ``nn.Linear`` of ``model`` in place by a fast small-batch one:
-    ``kernel`` ``"onednn"`` (:class:`OneDnnLinear`), ``"mkl"`` (:class:`PackedLinear`, MKL
-    packing per row bucket) or ``"auto"`` (:func:`fastest_kernel`). Returns the kernel used.
+    ``kernel`` ``"native"`` (:class:`NativeLinear`), ``"onednn"`` (:class:`OneDnnLinear`),
+    ``"mkl"`` (:class:`PackedLinear`, MKL packing per row bucket) or ``"auto"``
+    (:func:`fastest_kernel`). Returns the kernel used.
     Raises ValueError for an unknown kernel and RuntimeError when the torch build lacks it."""
     if kernel not in ("auto",) + KERNELS:
         raise ValueError(f"linear kernel {kernel!r}: use one of auto, {', '.join(KERNELS)}")
     if kernel == "auto":
         kernel = fastest_kernel(model)
     if kernel not in available_kernels():
+        if kernel == "native":
+            from .native_gemm import unavailable_reason
+
+            raise RuntimeError(f"the native linear kernel cannot be built here: {unavailable_reason()}")
         library = {"mkl": "MKL", "onednn": "oneDNN"}[kernel]
         raise RuntimeError(f"packed linears need a torch build with {library} (x86 CPU wheels have both)")
     for parent, name, child in _linears(model):
@@ -180,4 +240,4 @@ def kernel_option(packed_linears: bool | str) -> str:
 
 def linear_kernel(model: nn.Module) -> str | None:
     """The kernel :func:`pack_linears` installed in ``model`` (None: plain linears)."""
-    return next((m.kernel for m in model.modules() if isinstance(m, (OneDnnLinear, PackedLinear))), None)
+    return next((m.kernel for m in model.modules() if isinstance(m, (NativeLinear, OneDnnLinear, PackedLinear))), None)

@@ -175,7 +175,7 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 # ---------------------------------------------------------------------- keys and the cache
 def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
-    ``-onednn`` / ``-mkl`` when :func:`~specframe.packed_linear.pack_linears` replaced its
+    ``-native`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.packed_linear.pack_linears` replaced its
     linears (the kernel does change it)."""
     from .packed_linear import linear_kernel
 
@@ -377,7 +377,7 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
     Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
     for the measurement (and the key); None keeps the current setting. ``packed_linears``
     measures the model with fast small-batch linears (:mod:`specframe.packed_linear`; True or
-    ``"auto"``: the faster kernel here, or ``"onednn"`` / ``"mkl"``), cached apart.
+    ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart.
     """
     from .target import TargetModel, load_causal_lm
 

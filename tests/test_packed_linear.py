@@ -1,15 +1,16 @@
-"""Fast small-batch linears (oneDNN, MKL-packed): same results as nn.Linear up to float32
-rounding, for every row count (inside an MKL bucket, between buckets, above the largest), the
-"auto" kernel choice, and lossless speculative decoding on a model whose linears are all
-replaced (every forward, plain or tree, runs the replaced model)."""
+"""Fast small-batch linears (native, oneDNN, MKL-packed): same results as nn.Linear up to
+float32 rounding, for every row count (inside an MKL bucket, between buckets, above the largest,
+past a native row tile and past the native row limit), the "auto" kernel choice, and lossless
+speculative decoding on a model whose linears are all replaced (every forward, plain or tree,
+runs the replaced model)."""
 
 import pytest
 import torch
 from torch import nn
 
 import specframe
-from specframe.packed_linear import (KERNELS, OneDnnLinear, PackedLinear, available_kernels, fastest_kernel,
-                                     linear_kernel, pack_linears)
+from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear, PackedLinear,
+                                     available_kernels, fastest_kernel, linear_kernel, pack_linears)
 from specframe.testing.models import tiny_model
 
 HAVE = available_kernels()
@@ -19,20 +20,61 @@ each_kernel = pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.ma
 
 
 def _wrapped(kernel: str, lin: nn.Linear) -> nn.Module:
+    if kernel == "native":
+        return NativeLinear(lin)
     return OneDnnLinear(lin) if kernel == "onednn" else PackedLinear(lin, buckets=(1, 2, 4, 8))
 
 
 @each_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 40, NATIVE_MAX_ROWS + 1])
 def test_fast_linear_matches_linear(kernel, rows):
     torch.manual_seed(rows)
-    lin = nn.Linear(48, 96)
+    lin = nn.Linear(48, 100)  # 100 outputs: the native kernel's last 16-column panel is partial
     fast = _wrapped(kernel, lin)
     x = torch.randn(1, rows, 48)
     with torch.no_grad():
         want, got = lin(x), fast(x)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+native_only = pytest.mark.skipif("native" not in HAVE, reason="the native kernel does not build here (no C++ compiler)")
+
+
+@native_only
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_native_row_does_not_depend_on_the_rows_beside_it(bias):
+    """Every output is summed over the inputs in one order whatever the row count, so a tree
+    node's logits equal those of the same token fed alone, bit for bit."""
+    torch.manual_seed(0)
+    lin = NativeLinear(nn.Linear(40, 70, bias=bias))
+    x = torch.randn(NATIVE_MAX_ROWS, 40)
+    with torch.no_grad():
+        together = lin(x)
+        for rows in (1, 5, 16, 17, NATIVE_MAX_ROWS):
+            assert torch.equal(lin(x[:rows]), together[:rows])
+        assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(len(x))]), together)
+
+
+@native_only
+def test_native_linear_leaves_float64_and_large_inputs_to_f_linear():
+    lin = nn.Linear(8, 4).double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(NativeLinear(lin)(x), lin(x))
+        lin32 = nn.Linear(8, 4)
+        big = torch.randn(NATIVE_MAX_ROWS + 1, 8)
+        assert torch.equal(NativeLinear(lin32)(big), lin32(big))  # the same F.linear call
+
+
+@native_only
+def test_the_native_build_is_keyed_by_source_and_cpu(monkeypatch):
+    from specframe import native_gemm
+
+    name = native_gemm.extension_name()
+    assert name == native_gemm.extension_name() and name.startswith("specframe_small_gemm_")
+    monkeypatch.setattr(native_gemm, "_cpu_flags", lambda: "flags : another processor")
+    assert native_gemm.extension_name() != name
 
 
 @pytest.mark.skipif("onednn" not in HAVE, reason="no oneDNN in this torch build")
@@ -70,7 +112,7 @@ def test_auto_takes_an_available_kernel_and_keeps_it_for_the_process():
 
 
 def test_unknown_kernel_is_refused_by_name():
-    with pytest.raises(ValueError, match="'blas'.*auto, onednn, mkl"):
+    with pytest.raises(ValueError, match="'blas'.*auto, native, onednn, mkl"):
         pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), "blas")
 
 
@@ -103,3 +145,25 @@ def test_an_eagle_head_loaded_by_the_drafter_takes_the_targets_kernel(kernel):
     dec = specframe.SpecDecoder.build(target=model, drafter=drafter, policy=("talon", {"budget": 8}))
     out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
     assert out.tokens == ref and out.tau > 1.0
+
+
+def test_a_machine_that_cannot_build_the_native_kernel_keeps_the_others(monkeypatch):
+    import torch.utils.cpp_extension
+
+    from specframe import native_gemm
+
+    def no_compiler(**_):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(native_gemm.load_extension, "_warned", False, raising=False)
+    native_gemm._build.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="c\\+\\+: command not found"):
+            assert native_gemm.load_extension() is None
+        assert "command not found" in native_gemm.unavailable_reason()
+        assert "native" not in available_kernels()
+        with pytest.raises(RuntimeError, match="native linear kernel cannot be built here.*command not found"):
+            pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), "native")
+    finally:
+        native_gemm._build.cache_clear()  # the next caller loads the real build again
