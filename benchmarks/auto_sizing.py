@@ -214,7 +214,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--packed-linears", action=argparse.BooleanOptionalAction, default=None,
-                        help="MKL-packed target linears (default: on for smollm2, as examples/smollm2.toml)")
+                        help="fast small-batch target linears, the fastest kernel here (default: on for smollm2, as examples/smollm2.toml)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "auto_sizing")
     parser.add_argument("--smoke", action="store_true", help="demo pair, 2 fixed arms, 1 prompt, 8 tokens")
     args = parser.parse_args(argv)

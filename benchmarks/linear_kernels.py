@@ -3,7 +3,7 @@
 Issue 16 item 4: a tree forward of a few tokens should cost close to one token's (the same
 weights are read). Which small-batch float32 kernel gets there depends on the CPU (MKL takes
 its slow paths on AMD processors), so this loads the target once per kernel (plain
-``F.linear``, MKL packed per row bucket, oneDNN) and times the same trees on the same cache
+``F.linear``, specframe's native small-row GEMM, oneDNN, MKL packed per row bucket) and times the same trees on the same cache
 length with the kernels taking turns in every round: a change of load on a shared machine hits
 them all alike, which back-to-back ``specframe profile`` runs do not guarantee.
 

@@ -176,7 +176,8 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
     ``-native`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.packed_linear.pack_linears` replaced its
-    linears (the kernel does change it)."""
+    linears and ``-gqa`` when its attention is :mod:`specframe.attention`'s (both change it)."""
+    from .attention import NAME as GQA_SDPA
     from .packed_linear import linear_kernel
 
     cfg = model.config
@@ -184,7 +185,8 @@ def model_label(model: Any) -> str:
     name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
     kernel = linear_kernel(model)
-    return f"{_safe(name)}-{digest}" + (f"-{kernel}" if kernel else "")
+    gqa = getattr(cfg, "_attn_implementation", None) == GQA_SDPA
+    return f"{_safe(name)}-{digest}" + (f"-{kernel}" if kernel else "") + ("-gqa" if gqa else "")
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:

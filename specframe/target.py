@@ -18,7 +18,10 @@ from typing import Any, Literal
 
 import torch
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+from .attention import NAME as GQA_SDPA
+from .attention import use_gqa_sdpa
+
+SUPPORTED_ATTENTION = ("sdpa", "eager", GQA_SDPA)
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 SUPPORTED_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
@@ -324,7 +327,7 @@ class TargetModel:
 
     def _as_attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
         """The 4D mask the attention implementation takes: bool (SDPA) or additive float (eager)."""
-        if self.attn_implementation == "sdpa":
+        if self.attn_implementation != "eager":  # SDPA (either kind) takes the bool mask as it is
             return visible[None, None]
         # Eager adds the mask to the scores, so it needs an additive float mask in the model dtype.
         zero = torch.zeros((), dtype=self.dtype, device=self.device)
@@ -407,6 +410,8 @@ def load_causal_lm(
     """Load a causal LM from a local path, a hub id or a shipped name (``demo-target``, ...).
 
     Raises FileNotFoundError with the resolved path when a local-looking path does not exist.
+    A CPU model loaded with ``"sdpa"`` whose K/V heads are grouped gets
+    :func:`specframe.attention.use_gqa_sdpa` (the same attention without copying K/V per head).
     """
     from transformers import AutoModelForCausalLM
 
@@ -419,4 +424,5 @@ def load_causal_lm(
     )
     if device is not None:
         model = model.to(device)
+    use_gqa_sdpa(model)
     return model.eval()
