@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,15 +86,19 @@ class NativeLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        from .native_gemm import load_extension
-
-        self._ops = load_extension()
         if self._ops is None:
             raise RuntimeError("the native kernel cannot be built here (see specframe.native_gemm.unavailable_reason)")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         w = self.weight.detach()
         self._packed = self._ops.pack(w) if w.dtype == torch.float32 and w.device.type == "cpu" else None
+
+    @property
+    def _ops(self) -> Any:
+        # Looked up, not stored: a module object would make the layer impossible to deep-copy.
+        from .native_gemm import load_extension
+
+        return load_extension()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed panels for a few float32 rows."""

@@ -56,6 +56,19 @@ def test_a_native_row_does_not_depend_on_the_rows_beside_it(bias):
         assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(len(x))]), together)
 
 
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.mark.skipif(k not in HAVE, reason=f"no {k} here"))
+                                    for k in ("native", "onednn")])  # MKL's packed weights are opaque tensors
+def test_a_fast_linear_model_can_be_deep_copied(kernel):
+    import copy
+
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    pack_linears(model, kernel)
+    twin = copy.deepcopy(model)
+    x = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(twin(x).logits, model(x).logits) and linear_kernel(twin) == kernel
+
+
 @native_only
 def test_native_linear_leaves_float64_and_large_inputs_to_f_linear():
     lin = nn.Linear(8, 4).double()
