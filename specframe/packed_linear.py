@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native_gemm
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: Kernels :func:`pack_linears` can install (``"auto"``: the fastest on this machine).
 KERNELS = ("native", "onednn", "mkl")
@@ -59,9 +61,7 @@ def onednn_available() -> bool:
 def native_available() -> bool:
     """Whether specframe's own small-row GEMM builds here (a C++ compiler; the first call
     compiles it, later processes load the cached build)."""
-    from .native_gemm import load_extension
-
-    return load_extension() is not None
+    return native_gemm.load_extension() is not None
 
 
 def available_kernels() -> tuple[str, ...]:
@@ -95,10 +95,8 @@ class NativeLinear(nn.Module):
 
     @property
     def _ops(self) -> Any:
-        # Looked up, not stored: a module object would make the layer impossible to deep-copy.
-        from .native_gemm import load_extension
-
-        return load_extension()
+        # Looked up (cached), not stored: a module object would make the layer impossible to deep-copy.
+        return native_gemm.load_extension()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed panels for a few float32 rows."""
@@ -227,9 +225,7 @@ def pack_linears(model: nn.Module, kernel: str = "auto", buckets: tuple[int, ...
         kernel = fastest_kernel(model)
     if kernel not in available_kernels():
         if kernel == "native":
-            from .native_gemm import unavailable_reason
-
-            raise RuntimeError(f"the native linear kernel cannot be built here: {unavailable_reason()}")
+            raise RuntimeError(f"the native linear kernel cannot be built here: {native_gemm.unavailable_reason()}")
         library = {"mkl": "MKL", "onednn": "oneDNN"}[kernel]
         raise RuntimeError(f"packed linears need a torch build with {library} (x86 CPU wheels have both)")
     for parent, name, child in _linears(model):

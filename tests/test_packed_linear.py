@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import specframe
-from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear, PackedLinear,
-                                     available_kernels, fastest_kernel, linear_kernel, pack_linears)
+from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear,
+                                     _wrap, available_kernels, fastest_kernel, linear_kernel, pack_linears)
 from specframe.testing.models import tiny_model
 
 HAVE = available_kernels()
@@ -20,9 +20,7 @@ each_kernel = pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.ma
 
 
 def _wrapped(kernel: str, lin: nn.Linear) -> nn.Module:
-    if kernel == "native":
-        return NativeLinear(lin)
-    return OneDnnLinear(lin) if kernel == "onednn" else PackedLinear(lin, buckets=(1, 2, 4, 8))
+    return _wrap(lin, kernel, buckets=(1, 2, 4, 8))
 
 
 @each_kernel
