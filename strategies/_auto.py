@@ -17,7 +17,8 @@ Model (docs/auto-sizing.md has the argument):
   ``k * T(n) + D + O`` seconds: T from the measured cost curve (:mod:`specframe.profile`) at the
   step's context length, ``k`` a running correction of the curve to the observed target time
   (CPU timers only: on a GPU they do not wait for kernels), D this step's draft time, O the
-  running per-step overhead. The chooser keeps the n (n = 1: root only, a plain step) that
+  running rest of a step (policy, verification, bookkeeping: a fixed part plus a part per
+  node, fitted online, as verification reads a row of logits per node). The chooser keeps the n (n = 1: root only, a plain step) that
   maximises the rate.
 * Build size. Drafting a larger tree than the chooser keeps is waste, so the tree is built with
   a cap of twice the size that pays in steady state over the last few steps (where a size also
@@ -55,6 +56,11 @@ PRIOR_FLOOR = 0.5
 #: Calibrated conditionals stay below 1 so that a child always ranks below its parent.
 C_MAX = 0.995
 EMA = 0.1  # weight of the newest step in the running timings
+#: Weight of the newest step in the moments that fit the rest of a step against the tree size:
+#: slower than EMA, since a slope needs many sizes to show through the timer noise.
+SLOW_EMA = 0.02
+#: Least variance of the tree size (nodes^2) before a slope is fitted: a fixed size has none.
+MIN_SIZE_VARIANCE = 0.25
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
 GROWTH_PRIOR = 2.0  # pseudo-guesses that fared as guessed (growth_factor starts at 1)
@@ -252,7 +258,9 @@ class AutoSizer:
         self._plain_step: float | None = None  # T(1) of the curve (see the curve setter)
         self.sync_timers = True
         self.correction = 1.0
-        self.overhead = 0.0
+        self.overhead = 0.0  # rest of a step (all but target and draft) of a root-only tree
+        self.node_overhead = 0.0  # ... and per node beyond the root, fitted (see observe)
+        self._moments = [0.0, 0.0, 0.0, 0.0]  # slow running E[x], E[x^2], E[r], E[x r]; x = size - 1
         self.layer_cost = 0.0  # seconds of a build's first draft layer (forward + policy work), running
         self.deep_layer_cost = 0.0  # ... of a later layer (0: none timed yet, the first's stands in)
         self._layers = 0  # layers timed in this build
@@ -352,8 +360,13 @@ class AutoSizer:
         for m, t in enumerate(times, start=1):
             if m > 1:
                 expected += gains[m - 2]
-            out.append((1.0 + expected) / (t + drafts[m - 1] + self.overhead))
+            out.append((1.0 + expected) / (t + drafts[m - 1] + self.rest_seconds(m)))
         return out
+
+    def rest_seconds(self, size: int) -> float:
+        """Modelled rest of a step of a ``size``-node tree: everything but the target forward
+        and the drafting (policy, verification, the commit)."""
+        return self.overhead + self.node_overhead * (size - 1)
 
     def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
                       depth: int | None = None, cell: int | None = None) -> bool:
@@ -372,7 +385,7 @@ class AutoSizer:
         # is noisy; its jump from T(1) to T(2) was paid by the first layer already).
         top = max(min(2 * size, self.max_size), size + 1)
         table, scale = self._curve_table(top, context)
-        slope = scale * max(table[top - 1] - table[size - 1], 0.0) / (top - size)
+        slope = scale * max(table[top - 1] - table[size - 1], 0.0) / (top - size) + self.node_overhead
         guess = best_new * c_best
         # A free layer (cheap_drafts) needs no second-guessing: over-drafting costs nothing, the
         # chooser keeps only what pays, and a factor learned on fallback guesses or on prose
@@ -497,7 +510,8 @@ class AutoSizer:
         state's, where a size also costs the draft layers it needs (one forward per depth level
         of its top-m). One pass; :meth:`rates` with :meth:`_layer_costs` is the reference."""
         table, scale = self._curve_table(len(order) + 1, context)
-        cal, depths, over, exp = host.cal, host.depths, self.overhead, math.exp
+        cal, depths, exp = host.cal, host.depths, math.exp
+        over, per_node = self.overhead - self.node_overhead, self.node_overhead
         expected, deepest, drafts = 0.0, 0, 0.0
         best_now = best_steady = -1.0
         m_now = m_steady = 1
@@ -508,8 +522,8 @@ class AutoSizer:
                 if depths[i] > deepest:
                     deepest = depths[i]
                     drafts = self.draft_seconds(deepest)
-            t = scale * table[m - 1]
-            now, steady = (1.0 + expected) / (t + sunk + over), (1.0 + expected) / (t + drafts + over)
+            t = scale * table[m - 1] + over + per_node * m
+            now, steady = (1.0 + expected) / (t + sunk), (1.0 + expected) / (t + drafts)
             if now > best_now:
                 best_now, m_now = now, m
             if steady > best_steady:
@@ -542,10 +556,32 @@ class AutoSizer:
         # on a GPU it is only the launch, and the modelled time stands in for it.
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
-        self.overhead += EMA * (rest - self.overhead) if self.rate else rest - self.overhead
-        rate = step.emitted / max(model_t + step.draft_time + self.overhead, 1e-9)
+        self._fit_rest(step.tree_size - 1, rest)
+        rate = step.emitted / max(model_t + step.draft_time + self.rest_seconds(step.tree_size), 1e-9)
         self.rate = _running(self.rate, rate)
         return rate
+
+    def _fit_rest(self, x: int, rest: float) -> None:
+        """Fold one step's rest (seconds; ``x`` drafted nodes) into the fixed part, a fast running
+        mean that follows the machine's drift, and the part per node, a slope fitted by slow
+        running moments once the sizes vary (verification reads a row of logits per node, the
+        validity flag and the read-back grow with the tree: SmolLM2 + its EAGLE-3 head, 2-core
+        CPU, 0.12 ms a node against 1.5 ms of target time). A sample is capped at three times
+        its prediction (at least 1 ms) before it enters the fit: one garbage-collector pause on a
+        large tree would otherwise tilt the slope for a hundred steps."""
+        first = not self.rate
+        if not first:
+            rest_fit = min(rest, 3.0 * self.rest_seconds(x + 1) + 1e-3)
+            ex, exx, er, exr = (mo + SLOW_EMA * (v - mo) for mo, v in
+                                zip(self._moments, (x, x * x, rest_fit, x * rest_fit)))
+        else:
+            ex, exx, er, exr = x, x * x, rest, x * rest
+        self._moments = [ex, exx, er, exr]
+        variance = exx - ex * ex
+        if variance >= MIN_SIZE_VARIANCE:
+            self.node_overhead = max((exr - ex * er) / variance, 0.0)
+        fixed = rest - self.node_overhead * x
+        self.overhead = fixed if first else self.overhead + EMA * (fixed - self.overhead)
 
     def _learn_acceptance(self, last: dict[str, Any], accepted_ranks: list[int]) -> None:
         """Walk the accepted path by ranks; every child of a path node was tried."""

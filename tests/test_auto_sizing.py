@@ -143,12 +143,13 @@ def test_host_tree_cells_equal_cell_of(tree, run):
 
 
 @given(draft_trees(max_nodes=24), st.floats(0.0, 0.01), st.floats(0.0, 0.005), st.floats(0.0, 0.005),
-       st.floats(0.0, 0.003), st.sampled_from([CPU, FLAT, STEEP, None]))
-def test_one_pass_size_choice_equals_the_rates_reference(tree, sunk, layer, deep, overhead, curve):
+       st.floats(0.0, 0.003), st.floats(0.0, 0.001), st.sampled_from([CPU, FLAT, STEEP, None]))
+def test_one_pass_size_choice_equals_the_rates_reference(tree, sunk, layer, deep, overhead, per_node, curve):
     """The pruner's fused loop picks the sizes that rates() and _argmax pick, for this step
     (draft time sunk) and for the steady state (draft layers priced per depth level)."""
     sizer = sizer_with(curve, 0.6) if curve is not None else AutoSizer(64)
     sizer.layer_cost, sizer.deep_layer_cost, sizer.overhead, sizer.correction = layer, deep, overhead, 1.3
+    sizer.node_overhead = per_node
     host = HostTree.of(tree, sizer.calibration)
     order = sorted(range(1, len(host)), key=lambda i: (-host.cal[i], i))
     gains = [math.exp(host.cal[i]) for i in order]
@@ -333,6 +334,47 @@ def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> St
                      draft_forwards=tree.max_depth, draft_time=0.0, policy_time=0.0, target_time=target,
                      verify_time=0.0, other_time=total - target, widths=tree.width_per_depth(),
                      accepted_ranks=[0] * accepted)
+
+
+def _rest_fit(sizes: list[int], fixed: float, per_node: float, steps: int = 400) -> AutoSizer:
+    """A sizer that observed ``steps`` steps cycling through ``sizes``, each with a rest of
+    ``fixed + per_node * (size - 1)`` seconds besides a 10 ms target forward."""
+    sizer = sizer_with(FLAT, 0.5)
+    for i in range(steps):
+        tree = chain_tree(sizes[i % len(sizes)], 0.9)
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(_verified(tree, accepted=0, total=0.01 + fixed + per_node * (len(tree) - 1), target=0.01))
+    return sizer
+
+
+def test_rest_of_a_step_is_fitted_as_a_fixed_part_plus_a_part_per_node():
+    sizer = _rest_fit([2, 4, 6, 8, 9, 3], fixed=0.001, per_node=0.0002)
+    assert sizer.node_overhead == pytest.approx(0.0002, rel=0.05)
+    assert sizer.overhead == pytest.approx(0.001, rel=0.05)
+    assert sizer.rest_seconds(8) == pytest.approx(0.001 + 7 * 0.0002, rel=0.05)
+
+
+def test_a_fixed_tree_size_fits_no_part_per_node():
+    # One size says nothing about how the rest grows with the size: all of it is fixed.
+    sizer = _rest_fit([6], fixed=0.001, per_node=0.0002)
+    assert sizer.node_overhead == 0.0
+    assert sizer.overhead == pytest.approx(0.001 + 5 * 0.0002)
+
+
+def test_one_outlying_rest_does_not_tilt_the_fitted_part_per_node():
+    sizer = _rest_fit([2, 8], fixed=0.001, per_node=0.0002)
+    tree = chain_tree(8, 0.9)
+    sizer.prune(tree, _Session(), choose=False)
+    sizer.observe(_verified(tree, accepted=0, total=0.01 + 0.05, target=0.01))  # a 50 ms pause
+    assert sizer.node_overhead < 0.0002 * 2
+
+
+def test_rest_per_node_keeps_a_smaller_tree():
+    tree = chain_tree(16, 0.9)
+    sizer = sizer_with(CostCurve.synthetic(lambda n: 0.01 * (1 + 0.02 * (n - 1))), 0.6)
+    plain = len(sizer.prune(tree, _Session()))
+    sizer.node_overhead = 0.0005
+    assert 1 < len(sizer.prune(tree, _Session())) < plain
 
 
 def _guess_after_layer_one(sizer: AutoSizer, accepted: int, steps: int = 30, cell: int | None = None) -> None:
