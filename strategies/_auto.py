@@ -260,7 +260,7 @@ class AutoSizer:
         self.correction = 1.0
         self.overhead = 0.0  # rest of a step (all but target and draft) of a root-only tree
         self.node_overhead = 0.0  # ... and per node beyond the root, fitted (see observe)
-        self._moments = [0.0, 0.0, 0.0, 0.0]  # slow running E[x], E[x^2], E[r], E[x r]; x = size - 1
+        self._moments = [0.0, 0.0, 0.0, 0.0]  # slow running E[x], E[x^2], E[a], E[x a]; x = size - 1, a = after
         self.layer_cost = 0.0  # seconds of a build's first draft layer (forward + policy work), running
         self.deep_layer_cost = 0.0  # ... of a later layer (0: none timed yet, the first's stands in)
         self._layers = 0  # layers timed in this build
@@ -556,26 +556,33 @@ class AutoSizer:
         # on a GPU it is only the launch, and the modelled time stands in for it.
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
-        self._fit_rest(step.tree_size - 1, rest)
+        self._fit_rest(step.tree_size - 1, rest, step.verify_time + step.other_time)
         rate = step.emitted / max(model_t + step.draft_time + self.rest_seconds(step.tree_size), 1e-9)
         self.rate = _running(self.rate, rate)
         return rate
 
-    def _fit_rest(self, x: int, rest: float) -> None:
+    def _fit_rest(self, x: int, rest: float, after: float) -> None:
         """Fold one step's rest (seconds; ``x`` drafted nodes) into the fixed part, a fast running
         mean that follows the machine's drift, and the part per node, a slope fitted by slow
         running moments once the sizes vary (verification reads a row of logits per node, the
         validity flag and the read-back grow with the tree: SmolLM2 + its EAGLE-3 head, 2-core
-        CPU, 0.12 ms a node against 1.5 ms of target time). A sample is capped at three times
-        its prediction (at least 1 ms) before it enters the fit: one garbage-collector pause on a
-        large tree would otherwise tilt the slope for a hundred steps."""
+        CPU, 0.06-0.08 ms a node against 1.5 ms of target time).
+
+        The slope is fitted to ``after``, the part of the rest spent once the size was chosen
+        (verification and commit), not to the policy's time: building and scoring cost what the
+        *built* tree costs, which the choice cannot change, and since larger builds keep larger
+        trees, fitting the whole rest priced the building into every kept node (the tiny demo
+        pair, whose steps are mostly such work, then kept 2.3-node trees where 8 paid best).
+        A sample is capped at three times its prediction (at least 1 ms) before it enters the
+        fit: one garbage-collector pause on a large tree would otherwise tilt the slope for a
+        hundred steps."""
         first = not self.rate
         if not first:
-            rest_fit = min(rest, 3.0 * self.rest_seconds(x + 1) + 1e-3)
+            after_fit = min(after, 3.0 * (self._moments[2] + self.node_overhead * (x - self._moments[0])) + 1e-3)
             ex, exx, er, exr = (mo + SLOW_EMA * (v - mo) for mo, v in
-                                zip(self._moments, (x, x * x, rest_fit, x * rest_fit)))
+                                zip(self._moments, (x, x * x, after_fit, x * after_fit)))
         else:
-            ex, exx, er, exr = x, x * x, rest, x * rest
+            ex, exx, er, exr = x, x * x, after, x * after
         self._moments = [ex, exx, er, exr]
         variance = exx - ex * ex
         if variance >= MIN_SIZE_VARIANCE:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -336,14 +337,17 @@ def _verified(tree: DraftTree, accepted: int, total: float, target: float) -> St
                      accepted_ranks=[0] * accepted)
 
 
-def _rest_fit(sizes: list[int], fixed: float, per_node: float, steps: int = 400) -> AutoSizer:
+def _rest_fit(sizes: list[int], fixed: float, per_node: float, steps: int = 400, in_policy: bool = False) -> AutoSizer:
     """A sizer that observed ``steps`` steps cycling through ``sizes``, each with a rest of
-    ``fixed + per_node * (size - 1)`` seconds besides a 10 ms target forward."""
+    ``fixed + per_node * (size - 1)`` seconds besides a 10 ms target forward, spent after the
+    choice (verification, commit) or, with ``in_policy``, its per-node part in the policy (building)."""
     sizer = sizer_with(FLAT, 0.5)
     for i in range(steps):
         tree = chain_tree(sizes[i % len(sizes)], 0.9)
         sizer.prune(tree, _Session(), choose=False)
-        sizer.observe(_verified(tree, accepted=0, total=0.01 + fixed + per_node * (len(tree) - 1), target=0.01))
+        grows = per_node * (len(tree) - 1)
+        step = _verified(tree, accepted=0, total=0.01 + fixed + (0.0 if in_policy else grows), target=0.01)
+        sizer.observe(replace(step, policy_time=grows) if in_policy else step)
     return sizer
 
 
@@ -352,6 +356,14 @@ def test_rest_of_a_step_is_fitted_as_a_fixed_part_plus_a_part_per_node():
     assert sizer.node_overhead == pytest.approx(0.0002, rel=0.05)
     assert sizer.overhead == pytest.approx(0.001, rel=0.05)
     assert sizer.rest_seconds(8) == pytest.approx(0.001 + 7 * 0.0002, rel=0.05)
+
+
+def test_building_time_is_not_priced_per_kept_node():
+    # The policy's building cost is spent before the choice: larger builds keep larger trees,
+    # but keeping fewer of the built nodes would not save it.
+    sizer = _rest_fit([2, 4, 6, 8, 9, 3], fixed=0.001, per_node=0.0002, in_policy=True)
+    assert sizer.node_overhead == pytest.approx(0.0, abs=1e-6)
+    assert sizer.overhead == pytest.approx(0.001 + 0.0002 * (sum([1, 3, 5, 7, 8, 2]) / 6), rel=0.25)
 
 
 def test_a_fixed_tree_size_fits_no_part_per_node():
