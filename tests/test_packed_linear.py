@@ -178,3 +178,14 @@ def test_a_machine_that_cannot_build_the_native_kernel_keeps_the_others(monkeypa
             pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), "native")
     finally:
         native_gemm._build.cache_clear()  # the next caller loads the real build again
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.mark.skipif(
+    k not in HAVE, reason=f"no {k} in this torch build")) for k in ("onednn", "mkl")])
+def test_packing_with_a_library_kernel_never_builds_the_native_one(kernel, monkeypatch):
+    # On a machine without the cached build, asking whether native is available compiles it
+    # (about 25 s) or warns that it cannot: neither is the business of an "mkl" or "onednn" user.
+    from specframe import packed_linear
+
+    monkeypatch.setattr(packed_linear, "native_available", lambda: pytest.fail("checked the native kernel"))
+    assert pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), kernel) == kernel
