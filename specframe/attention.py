@@ -32,13 +32,13 @@ def gqa_sdpa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     """transformers' attention-function signature. A masked grouped-query call of several
     queries runs SDPA with ``enable_gqa``; anything else (one query, no mask, a position bias, a
     soft cap) goes to transformers' own SDPA function unchanged."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
     # One query: transformers folds the heads into the query length instead (no copy either),
     # which measured as fast or faster than enable_gqa there.
     if not (grouped and plain and attention_mask is not None and query.shape[2] > 1):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
