@@ -33,6 +33,13 @@ class Drafter(ABC):
     #: Feature-level drafters (EAGLE) set this: the engine then passes the target's hidden
     #: states (the ``hidden_states`` tuple of the transformers output) to ``begin``/``commit``.
     needs_target_hidden: ClassVar[bool] = False
+    #: True for a drafter that keeps state across generations on purpose (Token Recycling's
+    #: hot-start table): ``begin`` then does not drop everything, so a second generation may
+    #: build other trees than the first (never other tokens: verification keeps them lossless).
+    #: May be set per instance (a cold-start option sets it False). The conformance suite then
+    #: checks that a fresh instance reproduces a fresh run instead of requiring ``begin`` to
+    #: forget (docs/conformance.md).
+    persistent_state: ClassVar[bool] = False
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options

@@ -86,16 +86,42 @@ def sparse_drafter(vocab: int, finite: int, seed: int) -> SyntheticDrafter:
     return SyntheticDrafter(vocab, row, seed=seed)
 
 
+def needs_target_logits(drafter: Drafter) -> bool:
+    """Whether ``drafter`` declares ``needs_target_logits`` (on its class or the instance)."""
+    return bool(getattr(drafter, "needs_target_logits", False))
+
+
 def begin_generation(drafter: Drafter, target: TargetModel, committed: list[int]) -> None:
-    """Start a generation as the engine does (prefill the target when the drafter needs features)."""
+    """Start a generation as the engine does: prefill the target, then ``begin`` with the
+    target's hidden states and logits for drafters that declare they need them."""
     prompt = torch.tensor(committed, dtype=torch.long)
     needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
     target.reset()
-    hidden = None
+    hidden = logits = None
     if len(committed) > 1:  # the root enters the target's cache with the first tree
         prefill = target.causal_forward(prompt[:-1].to(target.device), needs_hidden)
         hidden = prefill.hidden_states if needs_hidden else None
-    drafter.begin(prompt, target_hidden=hidden)
+        logits = prefill.logits[0]
+    if needs_target_logits(drafter):
+        drafter.begin(prompt, target_hidden=hidden, target_logits=logits)
+    else:
+        drafter.begin(prompt, target_hidden=hidden)
+
+
+def commit_step(drafter: Drafter, emitted: list[int], path: torch.Tensor, tree: DraftTree,
+                target_out: Any) -> None:
+    """Commit a verified step with the arguments the engine passes: the emitted tokens (long),
+    the accepted path (long, root first), the target's hidden states of the tree (drafters
+    with ``needs_target_hidden``, else None), ``tree=`` the verified tree and, for drafters
+    that declare ``needs_target_logits``, ``target_logits=`` the ``[len(tree), V]`` logits the
+    verifier saw. ``target_out`` is the tree forward's output."""
+    hidden = target_out.hidden_states if getattr(drafter, "needs_target_hidden", False) else None
+    tokens = torch.tensor(emitted, dtype=torch.long)
+    path = torch.as_tensor(path, dtype=torch.long, device=tree.device)
+    if needs_target_logits(drafter):
+        drafter.commit(tokens, path, hidden, tree=tree, target_logits=target_out.logits[0])
+    else:
+        drafter.commit(tokens, path, hidden, tree=tree)
 
 
 def grow_tree(session: DraftSession, widths: list[int]) -> tuple[DraftTree, dict[int, torch.Tensor]]:
@@ -109,7 +135,7 @@ def grow_tree(session: DraftSession, widths: list[int]) -> tuple[DraftTree, dict
         if not bool(keep.any()):
             break
         flat = keep.flatten()
-        parents = torch.tensor(frontier).repeat_interleave(top.values.shape[1])[flat]
+        parents = torch.tensor(frontier, dtype=torch.long).repeat_interleave(top.values.shape[1])[flat]
         start = len(tree)
         logp_nodes = tree.logp[parents].double() + top.values.flatten()[flat]
         tree = tree.add_nodes(parents, top.indices.flatten()[flat], logp_nodes)
