@@ -6,7 +6,7 @@ each token is drawn from the raw draft softmax q and the tree records q at every
 ``sampling`` verifier.
 
 ``gamma="auto"`` sizes each chain from the measured cost curve and the acceptance history
-(:mod:`._auto`, docs/auto-sizing.md): drafting stops when the next token could not pay for
+(:mod:`specframe.sizing`, docs/auto-sizing.md): drafting stops when the next token could not pay for
 itself, and the chain is cut where the modelled tokens per second peak (possibly at the root:
 a plain decoding step).
 """
@@ -19,10 +19,9 @@ import torch
 
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
+from specframe.sampled_children import draft_distribution, rank_in_row, sample_iid, session_generator
+from specframe.sizing import AUTO, AutoSizedPolicy, Growth, check_size_option
 from specframe.tree import DraftTree
-
-from ._auto import AUTO, AutoSizedPolicy, AutoSizer, check_size_option, stop_growing
-from ._sampling import draft_distribution, rank_in_row, sample_iid, session_generator
 
 SCHEDULES = ("constant", "heuristic")
 
@@ -77,14 +76,18 @@ class ChainPolicy(AutoSizedPolicy):
     def __init__(self, options: ChainOptions) -> None:
         super().__init__(options)
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
-        self.sizer = AutoSizer(options.max_gamma + 1) if options.gamma == AUTO else None
         self.reset()
+
+    @property
+    def auto_size(self) -> bool:
+        """Whether ``gamma`` is ``"auto"``."""
+        return self.options.gamma == AUTO
 
     @property
     def max_budget(self) -> int:
         """Largest chain the schedule (or the auto size) can ask for, root included: gamma + 1
         (``max_gamma + 1`` under the heuristic schedule or ``gamma="auto"``)."""
-        auto = self.sizer is not None or self.options.schedule == "heuristic"
+        auto = self.auto_size or self.options.schedule == "heuristic"
         return (self.options.max_gamma if auto else self.options.gamma) + 1
 
     def reset(self) -> None:
@@ -92,20 +95,11 @@ class ChainPolicy(AutoSizedPolicy):
         self.gamma = self.options.max_gamma if self.sizer is not None else self.options.gamma
         super().reset()
 
-    def build(self, session: DraftSession, budget: int) -> DraftTree:
+    def grow(self, session: DraftSession, growth: Growth) -> DraftTree:
         """Draft up to gamma tokens (top-1, or sampled with ``sample``), one draft forward each,
-        within ``budget - 1`` (auto: up to the step's cap, then cut where the modelled rate peaks)."""
-        if self.sizer is None:
-            return self.draft(session, min(self.gamma, budget - 1))
-        skipped = self.sizer.skip(session)
-        if skipped is not None:
-            return skipped
-        self.sizer.begin()
-        tree = self.draft(session, min(self.sizer.cap, budget) - 1, self.sizer)
-        return self.sizer.prune(tree, session)
-
-    def draft(self, session: DraftSession, gamma: int, sizer: AutoSizer | None = None) -> DraftTree:
-        """A chain of up to ``gamma`` drafted tokens; a ``sizer`` may stop it early."""
+        within ``growth.nodes - 1``; stop where ``growth`` says, or before a token the drafter
+        gives no finite log-prob (a row with nothing to offer)."""
+        gamma = growth.nodes - 1 if growth.auto else min(self.gamma, growth.nodes - 1)
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
         node, drawn_from = 0, []
@@ -120,16 +114,14 @@ class ChainPolicy(AutoSizedPolicy):
                 values, tokens, ranks = session.expand_top(tree, [node], 1)
             tree = tree.add_nodes(torch.tensor([node]), tokens[0], tree.logp[node] + values[0], ranks[0])
             node = len(tree) - 1
-            if self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold:
+            unsure = self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold
+            if growth.stop(tree, torch.tensor([node], device=tree.device), last=unsure or i + 1 == gamma):
                 break
-            if i + 1 < gamma and stop_growing(sizer, tree, torch.tensor([node], device=tree.device), session):
-                break
-        if sizer is not None:
-            sizer.grown(tree)  # the last link was not read yet: prune reads no more
+        tree = finite_prefix(tree)
         if not self.options.sample:
             return tree
         # Row u = the q node u's child was drawn from; the last node was never expanded.
-        rows = [q.to(tree.device) for q in drawn_from]
+        rows = [q.to(tree.device) for q in drawn_from[: len(tree) - 1]]
         rows.append(torch.zeros(session.vocab_size, dtype=torch.float64, device=tree.device))
         return replace(tree, draft_probs=torch.stack(rows), drafting="iid")
 
@@ -144,3 +136,12 @@ class ChainPolicy(AutoSizedPolicy):
             self.gamma = min(self.options.max_gamma, self.gamma + 2)
         else:
             self.gamma = max(1, self.gamma - 1)
+
+
+def finite_prefix(tree: DraftTree) -> DraftTree:
+    """The chain up to (not including) its first node with a non-finite draft log-prob: a link
+    drafted from a row with no finite entry is no draft. One read per build."""
+    finite = torch.isfinite(tree.logp).tolist()
+    if all(finite):
+        return tree
+    return tree.select(torch.arange(finite.index(False), device=tree.device))

@@ -7,7 +7,7 @@ N-1 nodes in pool (layer-major) order. Width and depth are fixed, so every step 
 ``depth + 1`` draft forwards whatever the context.
 
 ``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history
-(:mod:`._auto`, docs/auto-sizing.md); the frontier width is then at most a quarter of the
+(:mod:`specframe.sizing`, docs/auto-sizing.md); the frontier width is then at most a quarter of the
 step's build cap, and layers stop when their best node could not pay for itself.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from specframe.building import append_children, child_scores, select_top
 from specframe.interfaces import DraftSession
 from specframe.options import require
+from specframe.selection import top_indices
+from specframe.sizing import AutoBudgetOptions, AutoSizedPolicy, Growth, auto_top_k
 from specframe.tree import DraftTree
-
-from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, auto_top_k, stop_growing
-from ._helpers import append_children, child_scores, select_top, top_indices
 
 
 @dataclass
@@ -54,32 +54,18 @@ class EaglePolicy(AutoSizedPolicy):
     name = "eagle"
     Options = EagleOptions
 
-    def __init__(self, options: EagleOptions) -> None:
-        super().__init__(options)
-        self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
-
-    def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft the K-wide pool for D + 1 layers, then keep the best ``N - 1`` nodes (auto:
-        build to the step's cap, then keep the best-paying top-n)."""
-        if self.sizer is None:
-            return self.grow(session, int(budget), self.options.top_k)
-        skipped = self.sizer.skip(session)
-        if skipped is not None:
-            return skipped
-        cap = min(int(budget), self.sizer.cap)
-        self.sizer.begin()
-        tree = self.grow(session, cap, auto_top_k(self.options.top_k, cap), self.sizer)
-        return self.sizer.prune(tree, session)
-
-    def grow(self, session: DraftSession, n_max: int, k: int, sizer: AutoSizer | None = None) -> DraftTree:
-        """EAGLE's ``topK_genrate`` for a tree of ``n_max`` nodes; a ``sizer`` may stop it early."""
+    def grow(self, session: DraftSession, growth: Growth) -> DraftTree:
+        """EAGLE's ``topK_genrate``: draft the K-wide pool for D + 1 layers, then keep the best
+        ``growth.nodes - 1`` nodes (under ``budget="auto"`` K is at most a quarter of the cap)."""
+        n_max = growth.nodes
+        k = auto_top_k(self.options.top_k, n_max) if growth.auto else self.options.top_k
         pool = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=pool.device)
         frontier = torch.zeros(1, dtype=torch.long, device=pool.device)
         # A selected node at depth d needs its d-1 ancestors selected too, so layers deeper
         # than N-1 can never be kept: skip drafting them (identical tree, fewer forwards).
         layers = min(self.options.depth + 1, n_max - 1)
-        for _ in range(layers):
+        for layer in range(layers):
             values, tokens, ranks = session.expand_top(pool, frontier, k)
             cand = child_scores(scores[frontier], values)
             flat = cand.flatten()
@@ -89,6 +75,6 @@ class EaglePolicy(AutoSizedPolicy):
             pool, scores, new_nodes = append_children(pool, scores, frontier, finite, cand, tokens, ranks)
             # Next frontier: top-K of this layer's candidates, best first as in EAGLE.
             frontier = new_nodes[top_indices(scores[new_nodes], k)]
-            if stop_growing(sizer, pool, new_nodes, session):
+            if growth.stop(pool, new_nodes, last=layer + 1 == layers):
                 break
         return select_top(pool, scores, n_max)

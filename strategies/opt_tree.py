@@ -7,7 +7,7 @@ drafted so far (``Esub``, the sum of the n largest p, ancestor-closed by the pap
 improves by no more than ``threshold``, or at ``max_depth``. The tree is the n best nodes.
 
 ``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history
-(:mod:`._auto`, docs/auto-sizing.md): n follows the step's build cap, layers also stop when
+(:mod:`specframe.sizing`, docs/auto-sizing.md): n follows the step's build cap, layers also stop when
 their best node could not pay for itself, and the calibrated top-n is kept.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from specframe.building import append_children, child_scores, select_top
 from specframe.interfaces import DraftSession
 from specframe.options import require
+from specframe.selection import top_indices
+from specframe.sizing import AutoBudgetOptions, AutoSizedPolicy, Growth
 from specframe.tree import DraftTree
-
-from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, stop_growing
-from ._helpers import append_children, child_scores, select_top, top_indices
 
 
 @dataclass
@@ -59,25 +59,10 @@ class OptTreePolicy(AutoSizedPolicy):
     name = "opt-tree"
     Options = OptTreeOptions
 
-    def __init__(self, options: OptTreeOptions) -> None:
-        super().__init__(options)
-        self.sizer = AutoSizer(options.max_budget) if options.budget == AUTO else None
-
-    def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Draft layers of n candidates until the gain drops to ``threshold``; keep the n best
-        (auto: n from the step's cap, then keep the best-paying top-n)."""
-        if self.sizer is None:
-            return self.grow(session, int(budget))
-        skipped = self.sizer.skip(session)
-        if skipped is not None:
-            return skipped
-        self.sizer.begin()
-        tree = self.grow(session, min(int(budget), self.sizer.cap), self.sizer)
-        return self.sizer.prune(tree, session)
-
-    def grow(self, session: DraftSession, n_nodes: int, sizer: AutoSizer | None = None) -> DraftTree:
-        """OPT-Tree's greedy layers for a tree of ``n_nodes``; a ``sizer`` may stop it early."""
-        n = n_nodes - 1
+    def grow(self, session: DraftSession, growth: Growth) -> DraftTree:
+        """OPT-Tree's greedy layers of n = ``growth.nodes - 1`` candidates until the gain drops
+        to ``threshold``; keep the n best."""
+        n = growth.nodes - 1
         pool = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=pool.device)
         last = torch.zeros(1, dtype=torch.long, device=pool.device)
@@ -93,9 +78,8 @@ class OptTreePolicy(AutoSizedPolicy):
             # The paper's rule: Esub includes the layer just drafted (the reference code's
             # version lags one layer behind).
             esub = best_sum(scores, n)
-            if depth >= self.options.max_depth or esub - expected <= self.options.threshold:
-                break
-            if stop_growing(sizer, pool, last, session):
+            done = depth >= self.options.max_depth or esub - expected <= self.options.threshold
+            if growth.stop(pool, last, last=done):
                 break
             expected = esub
         return select_top(pool, scores, n + 1)

@@ -19,14 +19,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specframe.interfaces import DraftSession, TreePolicy
-from specframe.options import BudgetOptions, require
-from specframe.tree import DraftTree
-
-from ._sampling import (
+from specframe.sampled_children import (
     dedup_first_occurrence, draft_distribution, rank_in_row, sample_iid, sample_without_replacement,
     session_generator,
 )
+from specframe.interfaces import DraftSession, TreePolicy
+from specframe.options import BudgetOptions, require
+from specframe.tree import DraftTree
 
 
 @dataclass

@@ -20,11 +20,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from specframe.building import RankPath, build_from_rank_paths
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import BudgetOptions, require
 from specframe.tree import DraftTree
-
-from ._helpers import RankPath, build_from_rank_paths
 
 #: Illustrative default acceptance vector (a decaying profile typical of a well-matched pair).
 #: Measure your own: the frequency of each accepted rank (``StepStats.accepted_ranks``).

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specframe.building import RankPath, build_from_rank_paths, validate_rank_paths
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import require
 from specframe.tree import DraftTree
-
-from ._helpers import RankPath, build_from_rank_paths, validate_rank_paths
 
 #: EAGLE-1's ``mc_sim_7b_63`` (SafeAILab/EAGLE, eagle/model/choices.py): 25 drafted nodes,
 #: depth 5, 4/8/8/3/2 nodes per level.

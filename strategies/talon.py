@@ -9,7 +9,7 @@ budget keeps only its best ``N - |T|`` nodes, so the tree always ends with exact
 uncertain ones give shallow, wide trees, and the number of draft forwards adapts with them.
 
 ``budget="auto"`` sizes each tree from the measured cost curve and the acceptance history and
-``mu="auto"`` picks the gate online (:mod:`._auto`, docs/auto-sizing.md).
+``mu="auto"`` picks the gate online (:mod:`specframe.sizing`, docs/auto-sizing.md).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from specframe.building import append_children, child_scores
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
+from specframe.selection import top_indices
+from specframe.sizing import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, Growth, MuBandit
 from specframe.tree import DraftTree
-
-from ._auto import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, MuBandit, stop_growing
-from ._helpers import append_children, child_scores, top_indices
 
 
 @dataclass
@@ -40,8 +40,8 @@ class TalonOptions(AutoBudgetOptions):
             Smaller mu keeps more nodes per layer (wider, shallower trees). ``"auto"``: chosen
             online by a bandit over a grid of gates (reward: tokens per modelled second).
         top_k: K, the number of nodes kept by each of the first ``init_layers`` layers (with
-            ``budget="auto"``: at most the step's build cap minus one, on top of the cap; one
-            when draft layers are nearly free, as with the n-gram lookup).
+            ``budget="auto"``: at most the step's build cap minus one, on top of the cap, and
+            only the ranks whose calibrated acceptance pays for their row).
         init_layers: how many leading layers use Top-K instead of the gate (paper: 1).
         max_budget: the largest tree ``budget="auto"`` may build.
     """
@@ -66,11 +66,10 @@ class TalonPolicy(AutoSizedPolicy):
 
     def __init__(self, options: TalonOptions) -> None:
         super().__init__(options)
-        self.auto_size = options.budget == AUTO
         self.bandit = MuBandit() if options.mu == AUTO else None
-        # The cost model also prices the bandit's rewards, so a fixed budget with mu="auto" has one.
-        self.sizer: AutoSizer | None = (
-            AutoSizer(options.max_budget) if self.auto_size or self.bandit else None)
+        if self.bandit is not None and self.sizer is None:
+            # The cost model also prices the bandit's rewards, so a fixed budget with mu="auto" has one.
+            self.sizer = AutoSizer(options.max_budget)
 
     def observe(self, step: StepStats) -> None:
         """Feed the auto sizer and the mu bandit (which persists across sequences, like the
@@ -79,36 +78,13 @@ class TalonPolicy(AutoSizedPolicy):
         if self.bandit is not None and rate > 0.0 and step.draft_forwards:
             self.bandit.reward(rate)
 
-    def build(self, session: DraftSession, budget: int) -> DraftTree:
-        """Grow layers until the tree holds ``budget`` nodes (auto: the step's cap, then keep
-        the best-paying top-n)."""
-        if self.auto_size:
-            skipped = self.sizer.skip(session)
-            if skipped is not None:
-                return skipped  # a plain step in a dry spell (no gate was tried: no reward)
+    def grow(self, session: DraftSession, growth: Growth) -> DraftTree:
+        """TALON's layer loop (Alg. 2) up to ``growth.nodes`` nodes. Under ``budget="auto"`` the
+        root's Top-K (narrowed to the ranks that pay) come on top of the build cap: the chooser
+        drops the children that do not pay, and the layers below keep the cap's room."""
         mu = self.bandit.choose() if self.bandit is not None else float(self.options.mu)
-        if not self.auto_size:
-            tree = self.grow(session, int(budget), mu, self.options.top_k)
-            return self.sizer.prune(tree, session, choose=False) if self.sizer is not None else tree
-        cap = min(int(budget), self.sizer.cap)
-        self.sizer.begin()
-        # The root's Top-K come on top of the cap: the chooser drops the children that do not
-        # pay, and the layers below keep the cap's room. (A first layer cut to a quarter of the
-        # cap could not make the one wide layer that is fastest where a draft layer is dear:
-        # N = 4 and 8 on the 2-core CPU, for SmolLM2 + its head and for the tiny pair alike.)
-        #
-        # A free drafter (an n-gram lookup: cheap_drafts) starts with one child instead. Its layers
-        # cost nothing, so a copied span is drafted deep anyway, and the root's other
-        # continuations only compete with the span's next tokens for the rows of the target's
-        # bucket. SmolLM2 + ngram, 7 chat prompts, one interleaved run: root Top-10 tau 1.373,
-        # 1.163x autoregressive; Top-1 tau 1.423, 1.204x (Top-3 as Top-10).
-        width = 1 if self.sizer.cheap_drafts else min(self.options.top_k, max(1, cap - 1))
-        tree = self.grow(session, min(int(budget), cap + width), mu, width, self.sizer)
-        return self.sizer.prune(tree, session)
-
-    def grow(self, session: DraftSession, n_max: int, mu: float, top_k: int,
-             sizer: AutoSizer | None = None) -> DraftTree:
-        """TALON's layer loop (Alg. 2) up to ``n_max`` nodes; a ``sizer`` may stop it early."""
+        top_k = growth.root_width(self.options.top_k)
+        n_max = min(growth.budget, growth.nodes + top_k) if growth.auto else growth.nodes
         log_mu = math.log(mu)
         tree = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=tree.device)
@@ -133,8 +109,6 @@ class TalonPolicy(AutoSizedPolicy):
             chosen = torch.sort(chosen).values
             tree, scores, frontier = append_children(tree, scores, frontier, chosen, cand, tokens, ranks)
             depth += 1
-            if len(tree) < n_max and stop_growing(sizer, tree, frontier, session):
+            if growth.stop(tree, frontier, last=len(tree) >= n_max):
                 break
-        if sizer is not None:
-            sizer.grown(tree)  # a full tree's last layer was not read yet: prune reads no more
         return tree

@@ -19,8 +19,12 @@ from specframe.tree import DraftTree
 from specframe.engine import make_plugin
 from specframe.testing.models import tiny_model
 from specframe.target import TargetModel
-from specframe.strategies._auto import (CHEAP_LAYER, PROBE_EVERY, Q_EDGES, WINDOW, AutoSizer, Calibration, HostTree,
-                                        MuBandit, _argmax, _subtree, cell_of, deeper, stop_growing)
+from specframe.sizing import AutoSizer, Calibration, HostTree, MuBandit, cell_of, deeper, stop_growing
+from specframe.sizing import subtree as _subtree
+from specframe.sizing.calibration import Q_EDGES, RANKS
+from specframe.sizing.cost import CHEAP_LAYER
+from specframe.sizing.cost import argmax_first as _argmax
+from specframe.sizing.growth import PROBE_EVERY, WINDOW
 from specframe.testing.strategies import draft_trees
 
 # T(n)/T(1) measured on a 2-core CPU (SmolLM2-135M, issue 16) and a GPU-like flat curve.
@@ -516,20 +520,52 @@ def test_a_free_drafter_builds_to_the_largest_size():
     assert sizer.cheap_drafts and sizer.cap == 40
 
 
-@pytest.mark.parametrize("layer_cost,first_width", [(0.5 * 0.01, 9), (1e-6, 1)])
-def test_talon_auto_starts_a_free_drafters_tree_with_one_child(layer_cost, first_width):
-    """A dear draft layer: the root's Top-K (within the cap) make one wide layer. A free one
-    (an n-gram lookup): one child, the depth comes free."""
+def _root_steps(sizer: AutoSizer, accepted_rank: int | None, steps: int, width: int = 8) -> None:
+    """``steps`` verified steps whose root had children of ranks 0..width-1, ``accepted_rank``
+    accepted (None: none)."""
+    for _ in range(steps):
+        sizer.ranks.record(list(range(width)), accepted_rank)
+
+
+@pytest.mark.parametrize("layer_cost", [0.5 * 0.01, 1e-6], ids=["dear", "free"])
+@pytest.mark.parametrize("habit,first_width", [("top-1 only", 1), ("ranks 2-8 accepted", 9)])
+def test_talon_auto_root_width_follows_the_acceptance_by_rank(layer_cost, habit, first_width):
+    """The root keeps rank k while rank k's calibrated acceptance pays for its row, whatever a
+    layer costs: a drafter whose lower ranks are never accepted (an n-gram lookup's fallback
+    guesses) starts with one child; one whose ranks 2-8 take turns (Token Recycling's table,
+    ~47% of first accepted tokens) keeps the root's Top-K."""
     from specframe.testing.synthetic import SyntheticDrafter, make_session
 
     policy = make_plugin("policies", ("talon", {"budget": "auto", "mu": 0.03, "top_k": 9}))
     sizer = policy.sizer
-    sizer.curve, sizer.layer_cost = CPU, layer_cost
+    sizer.curve, sizer.layer_cost, sizer.rate = CPU, layer_cost, 40.0
     sizer.kept.extend([8] * WINDOW)  # cap 16
+    for step in range(400):
+        accepted = 0 if habit == "top-1 only" or step % 2 else 1 + (step // 2) % 8
+        sizer.ranks.record(list(range(9)), accepted)
     sizer.prune = lambda tree, session, choose=True: tree  # the tree as built
-    assert sizer.cheap_drafts == (first_width == 1)
     tree = policy.build(make_session(SyntheticDrafter(vocab_size=32, mode="random", temperature=2.0, seed=1)), 64)
     assert tree.width_per_depth()[1] == first_width
+
+
+def test_rank_acceptance_is_optimistic_then_learns_and_retries_an_unused_rank():
+    sizer = AutoSizer(16)
+    assert sizer.ranks.width(8, 0.1) == 8  # nothing seen: every rank is worth a try
+    _root_steps(sizer, 0, 200)
+    assert sizer.ranks.width(8, 0.1) == 1 and sizer.ranks.probability(RANKS) == 0.0
+    for _ in range(3000):  # only rank 0 drafted: the others' evidence fades, and they are tried again
+        sizer.ranks.record([0], 0)
+    assert sizer.ranks.width(8, 0.1) == 8
+
+
+def test_rank_acceptance_is_learned_from_the_verified_root_children():
+    sizer = sizer_with(FLAT, 0.5)
+    tree = DraftTree.root(5).add_nodes(torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3]),
+                                       torch.log(torch.tensor([0.5, 0.3, 0.1])), torch.tensor([0, 1, 2]))
+    for _ in range(50):
+        sizer.prune(tree, _Session(), choose=False)
+        sizer.observe(replace(_verified(tree, 1, 0.02, 0.01), accepted_ranks=[2]))
+    assert sizer.ranks.probability(2) > 0.9 > 0.1 > sizer.ranks.probability(1)
 
 
 def test_mu_bandit_settles_on_the_best_gate():

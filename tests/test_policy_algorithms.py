@@ -15,7 +15,7 @@ from specframe.engine import make_plugin
 from specframe.options import OptionError
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
 from specframe.selection import topk_per_row
-from specframe.strategies._helpers import top_indices
+from specframe.selection import top_indices
 from specframe.strategies.sequoia import choose_size_depth, optimal_paths, sequoia_table
 from specframe.strategies.static import MC_SIM_7B_63
 
@@ -285,3 +285,25 @@ def test_exact_draft_always_gets_its_first_token_accepted(name):
                                       policy=name, verifier="greedy")
     out = dec.generate(torch.tensor([[5, 17, 9, 33, 2, 40]]), max_new_tokens=20, eos_token_id=None)
     assert all(s.accepted >= 1 for s in out.steps), [s.accepted for s in out.steps]
+
+
+# ---------------------------------------------------------------------------- chain
+@pytest.mark.parametrize("opts", [{"gamma": 4}, {"gamma": "auto"}, {"gamma": 4, "sample": True, "seed": 1}],
+                         ids=["fixed", "auto", "sampled"])
+def test_chain_stops_before_a_row_with_no_finite_entry(opts):
+    """A drafter with nothing to offer after token 2 (all -inf) ends the chain there, as talon,
+    eagle and static stop: no -inf node is drafted (the engine refuses such a tree)."""
+    vocab = 4
+    nothing = [0.0] * vocab  # log(0) = -inf everywhere
+    drafter = table_drafter({(): [0.0, 0.0, 1.0, 0.0], (2,): nothing, (2, 0): nothing}, vocab, default=nothing)
+    tree, _session, paths = run("chain", drafter, budget=5, **opts)
+    assert paths == [(), (2,)]
+    assert torch.isfinite(tree.logp).all()
+    if opts.get("sample"):
+        assert tree.draft_probs.shape == (2, vocab) and not tree.draft_probs[1].any()
+
+
+def test_chain_with_nothing_to_draft_is_a_plain_step():
+    drafter = table_drafter({}, 4, default=[0.0] * 4)
+    tree, _session, paths = run("chain", drafter, budget=5, gamma=4)
+    assert paths == [()]

@@ -1,4 +1,5 @@
-"""Random child drafting shared by the sampling policies (``chain`` with sample=True, ``sampled-tree``).
+"""Sampled children for tree policies that draw instead of taking the top-k (``chain`` with
+sample=True and ``sampled-tree`` use it).
 
 Policies that sample children must record, for every expanded node, the exact distribution q
 they drew from (``tree.draft_probs``), so q is computed once here in float64 and both the draw

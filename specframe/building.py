@@ -1,6 +1,6 @@
-"""Vectorised building blocks shared by the built-in tree policies.
+"""Layer building for tree policies: the tie-correct layer append, top-n selection and rank-path trees.
 
-Conventions every helper follows, so that policies built from them agree on ties:
+Conventions every function here follows, so that policies built from them agree on ties:
 
 * Ordering is always "higher score first, then lower index" (lower token id inside a row,
   lower flat / pool index across rows). Identical drafter outputs therefore always give
