@@ -63,6 +63,8 @@ class EagleDrafter(Drafter):
     kind: ClassVar[str] = "eagle"
     Options = EagleOptions
     needs_target_hidden = True
+    # Replay feeds hidden states of one full forward, equal to the tree forward's up to the last bits.
+    replay = "approximate"
 
     def __init__(self, options: EagleOptions, target: TargetModel) -> None:
         super().__init__(options, target)

@@ -38,6 +38,8 @@ class ModelDrafter(Drafter):
     """
 
     name = "model"
+    # Drafts depend only on the committed tokens: replaying a greedy trace is exact.
+    replay = "exact"
     Options = ModelDrafterOptions
 
     def __init__(self, options: ModelDrafterOptions, target: TargetModel) -> None:

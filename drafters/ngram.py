@@ -143,6 +143,8 @@ class NgramDrafter(Drafter):
     """Prompt-lookup drafter: longest-suffix match over the committed text, no model."""
 
     name = "ngram"
+    # Drafts depend only on the committed tokens: replaying a greedy trace is exact.
+    replay = "exact"
     Options = NgramDrafterOptions
 
     def __init__(self, options: NgramDrafterOptions, target: Any) -> None:

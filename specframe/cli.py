@@ -143,15 +143,61 @@ def _print_summary(console: Any, summary: dict, prefix: str, run_dir: Path, titl
 @cli.command("run")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output directory (default: [output] dir of the config).")
+              help="Output directory (default: [output] dir of the config; <dir>-replay with --replay).")
 @click.option("--fresh", is_flag=True, help="Discard earlier answers in the output directory instead of resuming.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-def run_command(config: Path, out: Path | None, fresh: bool, progress: bool) -> None:
+@click.option("--replay", "trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Replay the arms over this trace (`specframe record`) instead of running the target.")
+@click.option("--curve", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="With --replay: project times with this cost curve (JSON, e.g. another machine's).")
+def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, trace_dir: Path | None,
+                curve: Path | None) -> None:
     """Run the experiment CONFIG (TOML): every arm on the same prompts, then report.
 
-    Re-running the same command resumes: answers already on disk are not recomputed.
+    Re-running the same command resumes: answers already on disk are not recomputed. With
+    --replay the arms replay a recorded trace (docs/replay.md) and times are projected.
     """
-    _run_config(config, out, fresh, progress)
+    if trace_dir is None:
+        if curve is not None:
+            raise click.UsageError("--curve needs --replay")
+        _run_config(config, out, fresh, progress)
+        return
+    from .replay.cli import replay_config
+
+    replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary)
+
+
+@cli.command("record")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Trace directory to write.")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+def record_command(config: Path, out: Path, progress: bool) -> None:
+    """Record CONFIG's target once per prompt (greedy continuation, hidden states its drafters
+    need, cost curve, environment) into a trace directory for `run --replay` and `sweep`."""
+    from .replay.cli import record_config
+
+    record_config(config, out, progress, _console())
+
+
+@cli.command("sweep")
+@click.argument("sweep_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--replay", "trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Trace directory (`specframe record`) every configuration replays.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default: the sweep file's [output] dir).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the configurations on Ray (alone: a local ray.init(); else the cluster ADDRESS).")
+@click.option("--workers", type=int, default=None, help="Local processes (default: CPU count, at most 4).")
+@click.option("--curve", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Project times with this cost curve (JSON) instead of the trace's.")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+def sweep_command(sweep_file: Path, trace_dir: Path, out: Path | None, ray_address: str | None,
+                  workers: int | None, curve: Path | None, progress: bool) -> None:
+    """Replay every configuration of SWEEP_FILE (a base experiment plus a [sweep] grid) over a
+    trace; write one table, Pareto plots and the best configuration per category."""
+    from .replay.cli import sweep_config
+
+    sweep_config(sweep_file, trace_dir, out, ray_address, workers, curve, progress, _console())
 
 
 @cli.command("demo")

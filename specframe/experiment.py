@@ -502,6 +502,8 @@ class Experiment:
                             f"question {q.question_id!r}, repeat {repeat}" + (f", turn {k + 1}" if k else ""))
             _sync(target.device)
             wall = time.perf_counter() - start
+            # A replayed arm (specframe.replay) reports the wall time its live run is projected to take.
+            wall = getattr(out, "projected_wall", wall)
             turns.append((prompt, out, wall, encoder.decode(out.tokens)))
             answers.append(out.tokens)
         trees_k = self.config.output.trees_per_answer if repeat == 0 else 0

@@ -25,7 +25,13 @@ class Drafter(ABC):
 
     Life cycle per generation: ``begin(prompt)``, then per step any number of
     ``expand(tree, nodes)`` calls (each ONE batched draft forward honouring tree attention),
-    then ``commit(...)`` with what the verifier accepted.
+    then ``commit(...)`` with what the verifier accepted. ``commit`` follows every verified
+    step, the generation's last one included (there the target's cache is not compacted, and
+    ``tokens`` is the verifier's whole decision even where ``max_new_tokens`` or EOS cut what
+    the generation emits), so a drafter that learns from verifications sees them all.
+
+    The two ``needs_*`` flags are read from the instance, so a drafter may set them per
+    instance in ``__init__`` (e.g. from an option, or as the union of the drafters it wraps).
     """
 
     name: ClassVar[str] = ""
@@ -40,6 +46,19 @@ class Drafter(ABC):
     #: checks that a fresh instance reproduces a fresh run instead of requiring ``begin`` to
     #: forget (docs/conformance.md).
     persistent_state: ClassVar[bool] = False
+    #: Whether replaying a recorded greedy target trace (:mod:`specframe.replay`) reproduces
+    #: this drafter's live run: ``"exact"`` (drafts depend only on committed tokens),
+    #: ``"approximate"`` (e.g. EAGLE heads fed hidden states of a full forward, equal to the
+    #: tree forward's up to the last bits) or ``"unsupported"`` (needs the target at off-path
+    #: tree nodes). None = undeclared: replay refuses the drafter. May be a property on the
+    #: instance (a composite takes its weakest part). See docs/replay.md.
+    replay: ClassVar[str | None] = None
+    #: Drafters that learn from the target's predictions (Token Recycling) set this: the engine
+    #: then passes ``target_logits=`` to ``begin`` (the prefill's ``[L-1, V]`` logits over
+    #: ``prompt_ids[:-1]``, None for a one-token prompt) and to ``commit`` (the ``[len(tree), V]``
+    #: tensor the verifier saw: the same object, on the target's device, never copied or read
+    #: back). Only to drafters that set it, so other drafters' signatures need no such keyword.
+    needs_target_logits: ClassVar[bool] = False
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options
@@ -55,6 +74,8 @@ class Drafter(ABC):
 
         ``target_hidden``: for drafters with ``needs_target_hidden``, the target's hidden states
         of the prefill over ``prompt_ids[:-1]`` (None when the prompt is a single token).
+        A drafter with ``needs_target_logits`` also takes ``target_logits=``: the prefill's
+        logits ``[L-1, V]`` (row i: the target's prediction after ``prompt_ids[i]``), or None.
         """
 
     @abstractmethod
@@ -96,6 +117,8 @@ class Drafter(ABC):
         drafters with ``needs_target_hidden``. ``tree`` is the verified tree itself: a policy
         may have re-indexed the tree ``expand`` saw with :meth:`DraftTree.select`, and
         ``tree.origins()[path]`` gives the accepted nodes' indices in that tree.
+        A drafter with ``needs_target_logits`` also takes ``target_logits=``: the verifier's
+        ``[len(tree), V]`` logits (row i: the target's prediction after node i), on the device.
         """
 
 

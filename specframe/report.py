@@ -31,7 +31,7 @@ def row(arm: dict, metrics: dict, baseline: str | None) -> list[str]:
     else:
         mism = "-"
     return [
-        arm["name"], str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
+        arm["name"] + (" (replay)" if arm.get("replay") else ""), str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
         _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
         _num(metrics["target_forwards_per_token"], 3), mism,
     ]
@@ -54,6 +54,10 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         else "No `autoregressive` arm: speedups are not available.", "",
         "## Overall", "",
     ]
+    if summary.get("replay"):
+        rep = summary["replay"]
+        lines[-3:-3] = [f"Arms marked (replay) were replayed over the trace `{rep['trace']}` without running the "
+                        f"target (docs/replay.md); their times are projected: {rep['projection']}.", ""]
     lines += _md_table([row(a, a["overall"], base) for a in summary["arms"]])
     categories = sorted({c for a in summary["arms"] for c in a["categories"]})
     if len(categories) > 1:
@@ -113,6 +117,10 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
     run_dir = RunDir(out_dir)
     run = load_run(run_dir.path)
     summary = summarize(run)
+    if run.get("replay"):  # specframe.replay marks its runs: every table says so
+        summary["replay"] = run["replay"]
+        for arm in summary["arms"]:
+            arm["replay"] = run["replay"]["arms"].get(arm["name"], True)
     if run_dir.divergences.exists():
         summary["divergences"] = json.loads(run_dir.divergences.read_text(encoding="utf-8"))
     write_json(run_dir.summary, summary)
@@ -135,7 +143,7 @@ def summary_table(summary: dict, title: str | None = None) -> Any:
     table = Table(title=escape(title or f"{summary.get('name')}: {summary.get('target')}"))
     # Arm names are what a reader compares: never ellipsise them (a narrow or piped terminal
     # folds the numeric columns instead).
-    longest = max((len(a["name"]) for a in summary["arms"]), default=3)
+    longest = max((len(a["name"]) + (9 if a.get("replay") else 0) for a in summary["arms"]), default=3)
     for col in COLUMNS:
         if col == "arm":
             table.add_column(col, justify="left", no_wrap=True, min_width=longest)

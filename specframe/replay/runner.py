@@ -1,0 +1,196 @@
+"""``specframe run CONFIG --replay TRACE``: the experiment's arms replayed over a trace.
+
+Each specframe arm runs the same ``SpecDecoder`` with :class:`ReplayTarget`,
+:class:`ReplayVerifier` and its policy wrapped in :class:`ProjectedPolicy`; the autoregressive
+arm is projected from the trace. Answers carry projected wall times, so the run directory,
+report and plots are the usual ones (every table marks the arms as replayed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..baselines import ArmOutput
+from ..config import ArmConfig, ExperimentConfig
+from ..data import PromptEncoder, Question
+from ..engine import SpecDecoder, make_plugin
+from ..errors import warn
+from ..experiment import Experiment, ModelPool, RunOutcome, arm_where, load_tokenizer
+from ..options import NoOptions
+from ..plugins import get_registry
+from ..profile import CostCurve
+from ..runs import RunFile
+from .projection import ProjectedPolicy, StepModel
+from .record import config_hash, experiment_settings
+from .target import ReplayTarget, ReplayVerifier
+from .trace import Trace, TraceError
+
+#: Exactness declarations a replay accepts (weakest last).
+REPLAYABLE = ("exact", "approximate")
+
+
+class ReplayError(ValueError):
+    """An arm or experiment cannot be replayed; the message says which and why."""
+
+
+def step_model(trace: Trace, curve_path: str | Path | None = None) -> StepModel:
+    """The projection of ``trace``: its own curve, or the one at ``curve_path`` (another machine's)."""
+    if curve_path is not None:
+        curve = CostCurve.from_json(Path(curve_path).read_text(encoding="utf-8"))
+        source = f"{curve_path} ({curve.key})"
+    else:
+        curve = trace.curve()
+        if curve is None:
+            raise TraceError(f"trace {trace.path} holds no cost curve: pass one with --curve")
+        source = f"the trace's curve ({curve.key})"
+    o = trace.overhead
+    return StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
+                     o.get("ar_overhead", 0.0), prefill_from_curve=curve_path is not None)
+
+
+def replayable_arms(config: ExperimentConfig) -> tuple[list[ArmConfig], list[str]]:
+    """``(arms to replay, names of baselines left out)``; a sampling verifier is refused."""
+    keep, skipped = [], []
+    for arm in config.arms:
+        if arm.baseline == "autoregressive":
+            keep.append(arm)
+            continue
+        if arm.baseline is not None:
+            skipped.append(arm.name)
+            continue
+        cls = get_registry().get("verifiers", arm.verifier.name)
+        if getattr(cls, "sampling", False):
+            raise ReplayError(f"arm {arm.name!r}: verifier {arm.verifier.name!r} samples; replay is greedy-only "
+                              "(a sampled verdict depends on the target's whole distribution, which a trace does not hold)")
+        keep.append(arm)
+    return keep, skipped
+
+
+def check_drafter(drafter: Any, where: str) -> str:
+    """The drafter's ``replay`` declaration; undeclared or unsupported ones are refused."""
+    kind = getattr(drafter, "replay", None)
+    if kind not in REPLAYABLE:
+        why = ("declares replay = 'unsupported'" if kind == "unsupported"
+               else "does not declare whether it replays (class attribute replay = 'exact' | 'approximate' | 'unsupported')")
+        raise ReplayError(f"{where}: drafter {drafter.name!r} {why}; replay it live instead")
+    return kind
+
+
+class ReplayRunner:
+    """A specframe arm over a :class:`ReplayTarget`; its outputs carry projected wall times."""
+
+    greedy = True
+
+    def __init__(self, decoder: SpecDecoder, target: ReplayTarget, model: StepModel) -> None:
+        self.decoder, self.target, self.model = decoder, target, model
+
+    def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
+        """One replayed generation."""
+        found = self.target.use(prompt)
+        views: list = []
+        start = time.perf_counter()
+        out = self.decoder.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=max_new_tokens,
+                                    eos_token_id=sorted(eos) or None, generator=generator, on_step=views.append)
+        wall = time.perf_counter() - start
+        policy = self.decoder.policy
+        result = ArmOutput(tokens=list(out.tokens), target_forwards=len(out.steps),
+                           draft_forwards=sum(s.draft_forwards for s in out.steps),
+                           accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views)
+        result.replay_wall = wall
+        result.projected_wall = (wall - policy.replaced + policy.added
+                                 + self.model.prefill_seconds(len(prompt), found.prefill_seconds))
+        return result
+
+
+class ReplayAutoregressive:
+    """The autoregressive arm, projected: the recorded tokens at T(1, L) + overhead each."""
+
+    greedy = True
+
+    def __init__(self, target: ReplayTarget, model: StepModel) -> None:
+        self.target, self.model = target, model
+
+    def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
+        """The recorded greedy answer and its projected time."""
+        found = self.target.use(prompt)
+        start = time.perf_counter()
+        tokens: list[int] = []
+        for tok in found.continuation:
+            tokens.append(tok)
+            if len(tokens) >= max_new_tokens or tok in eos:
+                break
+        ctx = len(prompt)
+        seconds = self.model.prefill_seconds(ctx, found.prefill_seconds) + self.model.target_seconds(1, ctx)
+        seconds += sum(self.model.target_seconds(1, ctx + i) + self.model.ar_overhead for i in range(1, len(tokens)))
+        result = ArmOutput(tokens, target_forwards=len(tokens), draft_forwards=0, accept_lengths=[1] * len(tokens))
+        result.replay_wall = time.perf_counter() - start
+        result.projected_wall = seconds
+        return result
+
+
+class ReplayExperiment(Experiment):
+    """An :class:`Experiment` whose arms replay ``trace`` (see the module docstring)."""
+
+    def __init__(self, config: ExperimentConfig, trace: Trace, model: StepModel, out_dir: Path, **kwargs: Any) -> None:
+        trace.check_matches(experiment_settings(config))
+        arms, self.skipped = replayable_arms(config)
+        if not arms:
+            raise ReplayError("no arm of the experiment can be replayed (only specframe arms and autoregressive can)")
+        if self.skipped:
+            warn(f"not replayed (transformers' generate runs the target itself): {', '.join(self.skipped)}")
+        super().__init__(dataclasses.replace(config, arms=arms), out_dir, **kwargs)
+        self.trace, self.model = trace, model
+        self.exactness: dict[str, str] = {}
+
+    def run(self) -> RunOutcome:
+        """Run, then note in run.json that every arm was replayed, and how."""
+        outcome = super().run()
+        run_file = RunFile(self.out_dir)
+        meta = run_file.read()
+        meta["replay"] = {"trace": str(self.trace.path), "projection": self.model.describe(),
+                          "curve": self.model.curve_source, "arms": self.exactness, "not_replayed": self.skipped,
+                          "recorded": self.trace.environment}
+        run_file.write(meta)
+        return outcome
+
+    def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
+        cfg = self.config
+        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
+        pool = ModelPool(cfg)
+        model = pool.target()
+        recorded = self.trace.environment.get("config_hash")
+        if recorded and recorded != config_hash(model):
+            raise TraceError(f"trace {self.trace.path} was recorded with a target whose config hash is {recorded}, "
+                             f"this one's is {config_hash(model)}: a different model")
+        target = ReplayTarget(model, self.trace)
+        self._skip_overflowing(encoder, target, questions)
+        runners = {arm.name: self._runner(arm, pool, target) for arm in arms}
+        eos: set[int] = set()
+        if cfg.stop_at_eos and target.eos_token_id is not None:
+            ids = target.eos_token_id
+            eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        return encoder, target, runners, eos
+
+    def _runner(self, arm: ArmConfig, pool: ModelPool, target: ReplayTarget) -> Any:
+        if arm.baseline == "autoregressive":
+            self.exactness[arm.name] = "exact"
+            return ReplayAutoregressive(target, self.model)
+        drafter = make_plugin("drafters", (arm.drafter.name, pool.substitute(arm.drafter.options)), target)
+        self.exactness[arm.name] = check_drafter(drafter, arm_where(arm))
+        policy = ProjectedPolicy(make_plugin("policies", (arm.policy.name, arm.policy.options)), self.model, target)
+        return ReplayRunner(SpecDecoder(target, drafter, policy, ReplayVerifier(NoOptions())), target, self.model)
+
+
+def replay_experiment(config: ExperimentConfig, trace_dir: str | Path, out_dir: str | Path | None = None,
+                      curve: str | Path | None = None, fresh: bool = False, progress: bool = True,
+                      console: Any = None) -> RunOutcome:
+    """Replay ``config`` over the trace in ``trace_dir`` (default output: ``<output dir>-replay``)."""
+    trace = Trace.load(trace_dir)
+    out = Path(out_dir) if out_dir is not None else Path(f"{config.output.dir}-replay")
+    return ReplayExperiment(config, trace, step_model(trace, curve), out, progress=progress, console=console,
+                            fresh=fresh).run()

@@ -1,0 +1,154 @@
+"""A trace directory: the target's greedy continuation of every prompt, what the drafters need
+from it, the target's cost curve and the environment it was recorded in.
+
+Layout::
+
+    TRACE_DIR/trace.json          environment, settings, per prompt: ids, continuation, stop
+    TRACE_DIR/curve.json          the target's cost curve T(n, L) (specframe.profile.CostCurve)
+    TRACE_DIR/hidden/<k>.safetensors   hidden states of prompt k (only when a drafter needs them)
+
+Hidden states are stored in the target's dtype (no rounding beyond the forward's own), one
+tensor per stored layer index ``"layer<i>"`` of shape ``[positions, hidden]`` over prompt +
+recorded continuation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..profile import CostCurve
+
+TRACE_FILE = "trace.json"
+CURVE_FILE = "curve.json"
+HIDDEN_DIR = "hidden"
+FORMAT = 1
+
+
+class TraceError(ValueError):
+    """A trace is missing, damaged, or does not match the experiment; the message names why."""
+
+
+@dataclass
+class PromptTrace:
+    """One recorded turn: its prompt ids, the target's greedy continuation and where it stops.
+
+    Attributes:
+        key: ``json(question_id)/turn`` (what an experiment looks a prompt up by).
+        prompt: prompt token ids.
+        continuation: greedy tokens after the prompt, recorded past the stop (EOS ignored) by
+            ``extra`` tokens so trees that run past the end are verified as live.
+        stop: tokens the run emits (EOS and max_new_tokens honoured): ``continuation[:stop]``.
+        prefill_seconds: the live prefill's wall time when recorded.
+        hidden_file: safetensors file of its hidden states (relative), or None.
+    """
+
+    key: str
+    prompt: list[int]
+    continuation: list[int]
+    stop: int
+    prefill_seconds: float = 0.0
+    hidden_file: str | None = None
+
+
+@dataclass
+class Trace:
+    """Everything in ``trace.json`` (plus the curve); see the module docstring."""
+
+    environment: dict
+    settings: dict
+    prompts: dict[str, PromptTrace]
+    overhead: dict = field(default_factory=dict)
+    hidden_layers: list[int] = field(default_factory=list)
+    path: Path | None = None
+
+    # ------------------------------------------------------------------ files
+    def save(self, out: str | Path, curve: CostCurve | None) -> Path:
+        """Write ``trace.json`` (and ``curve.json``) under ``out``."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        data = {"format": FORMAT, "environment": self.environment, "settings": self.settings,
+                "overhead": self.overhead, "hidden_layers": self.hidden_layers,
+                "prompts": [asdict(p) for p in self.prompts.values()]}
+        tmp = out / (TRACE_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(out / TRACE_FILE)
+        if curve is not None:
+            (out / CURVE_FILE).write_text(curve.to_json(), encoding="utf-8")
+        self.path = out
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        """Read a trace directory; a missing or damaged one raises :class:`TraceError`."""
+        path = Path(path)
+        file = path / TRACE_FILE
+        if not file.is_file():
+            raise TraceError(f"{path} is not a trace directory (no {TRACE_FILE}); write one with `specframe record`")
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+            prompts = {p["key"]: PromptTrace(**p) for p in data["prompts"]}
+        except (ValueError, KeyError, TypeError) as err:
+            raise TraceError(f"{file} is damaged: {err}") from err
+        if data.get("format") != FORMAT:
+            raise TraceError(f"{file} has format {data.get('format')!r}, this specframe reads {FORMAT}: record it again")
+        return cls(data["environment"], data["settings"], prompts, data.get("overhead", {}),
+                   data.get("hidden_layers", []), path)
+
+    def curve(self) -> CostCurve | None:
+        """The recorded cost curve (None when the trace holds none)."""
+        file = None if self.path is None else self.path / CURVE_FILE
+        if file is None or not file.is_file():
+            return None
+        return CostCurve.from_json(file.read_text(encoding="utf-8"))
+
+    def hidden(self, prompt: PromptTrace, device: torch.device) -> dict[int, torch.Tensor]:
+        """``{layer index: [positions, hidden]}`` of ``prompt`` (empty when none were stored)."""
+        if prompt.hidden_file is None or self.path is None:
+            return {}
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(self.path / prompt.hidden_file), device=str(device))
+        return {int(name[len("layer"):]): t for name, t in tensors.items()}
+
+    # ------------------------------------------------------------------ matching
+    def check_matches(self, settings: dict) -> None:
+        """Refuse an experiment whose model, prompts or lengths differ from the recorded ones,
+        in one line naming the first difference."""
+        for key in ("target_model", "target_dtype", "max_new_tokens", "stop_at_eos", "data", "chat_template"):
+            want, got = self.settings.get(key), settings.get(key)
+            if want != got:
+                raise TraceError(f"trace {self.path} was recorded with {key} = {want!r}, the experiment has {got!r}: "
+                                 "record a trace for this experiment (`specframe record`)")
+
+    def prompt_for(self, key: str, prompt: list[int]) -> PromptTrace:
+        """The recorded turn ``key``; its prompt ids must equal ``prompt``."""
+        found = self.prompts.get(key)
+        if found is None:
+            raise TraceError(f"trace {self.path} holds no prompt {key!r} (recorded: {len(self.prompts)} prompts): "
+                             "the experiment's prompts differ from the trace's")
+        if found.prompt != list(prompt):
+            first = next((i for i, (a, b) in enumerate(zip(found.prompt, prompt)) if a != b),
+                         min(len(found.prompt), len(prompt)))
+            raise TraceError(f"prompt {key!r} differs from the trace's at token {first} "
+                             f"({len(prompt)} tokens vs {len(found.prompt)} recorded): record the trace again")
+        return found
+
+
+def prompt_key(question_id: Any, turn: int) -> str:
+    """The key of one turn of one question in a trace."""
+    return f"{json.dumps(question_id)}/{turn}"
+
+
+def save_hidden(out: Path, index: int, layers: dict[int, torch.Tensor]) -> str:
+    """Write one prompt's hidden states; returns the path relative to the trace directory."""
+    from safetensors.torch import save_file
+
+    rel = f"{HIDDEN_DIR}/{index}.safetensors"
+    (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
+    save_file({f"layer{i}": t.contiguous().cpu() for i, t in layers.items()}, str(out / rel))
+    return rel
