@@ -18,14 +18,15 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 HARNESS = ("specframe.config", "specframe.experiment", "specframe.runs", "specframe.metrics", "specframe.report",
-           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock",
-           "specframe.replay")
+           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock")
 
 #: THE rules: layer -> what its modules may import (besides the standard library and third parties).
-#: "core" counts only public modules for plugins: no ``_private`` module, no harness, no CLI.
+#: "core" counts only public modules for plugins: no ``_private`` module, no harness, no CLI. A plugin
+#: imports no ``_private`` module of its own package either: what a built-in shares with its
+#: siblings is public core (the toolkit: specframe.sizing, specframe.building, specframe.sampled_children).
 RULES = {
     "core": {"core"},                                         # specframe/*.py not listed below
-    "plugin": {"public core", "own package"},                 # strategies/ drafters/ verifiers/
+    "plugin": {"public core", "own package"},                 # strategies/ drafters/ verifiers/ (no _private)
     "harness": {"core", "harness"},                           # HARNESS: TOML -> answers -> summary
     "cli": {"core", "harness", "cli"},                        # specframe/cli.py
     "testing": {"core", "plugin", "testing"},                 # specframe/testing/ (the kit)
@@ -119,10 +120,11 @@ def allowed(importer: str, module: str) -> bool:
     rules = RULES[have]
     if have == "plugin":
         own = next(p for p in PLUGIN_PACKAGES if _under(importer, (p,)))
+        if any(part.startswith("_") for part in module.split(".")):
+            return False  # a private module, even of its own package
         if _under(module, (own,)):
             return "own package" in rules
-        private = any(part.startswith("_") for part in module.split("."))
-        return want == "core" and not private and "public core" in rules
+        return want == "core" and "public core" in rules
     return want in rules
 
 
@@ -179,9 +181,12 @@ FAKE_TREE = {
     "drafters/__init__.py": "from . import fast\n",
     "drafters/fast.py": ("from specframe.tree import X\nfrom specframe import _private\n\ndef f():\n"
                          "    from specframe.strategies.chain import C\n    from specframe.cli import cli\n"
+                         "    from specframe.strategies._auto import A\n"
                          "    from .gone import G\n"),
     "strategies/__init__.py": "",
+    "strategies/_auto.py": "",
     "strategies/chain.py": "from specframe.engine import lazy\n",
+    "strategies/talon.py": "from ._auto import A\n",
     "verifiers/__init__.py": "",
 }
 
@@ -200,6 +205,8 @@ def test_the_checker_finds_injected_violations(tmp_path):
         "specframe.drafters.fast (plugin) imports specframe.strategies.chain (plugin)",  # another plugin
         "specframe.drafters.fast (plugin) imports specframe.cli (cli)",
         "imports specframe.drafters.gone, which is no module of the tree",          # a broken relative import
+        "specframe.drafters.fast (plugin) imports specframe.strategies._auto (plugin)",  # a built-in's private module
+        "specframe.strategies.talon (plugin) imports specframe.strategies._auto (plugin)",  # even its own package's
     ]
     for line in expected:
         assert line in report, f"missing {line!r} in:\n{report}"
