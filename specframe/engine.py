@@ -170,6 +170,10 @@ class SpecDecoder:
     def _needs_hidden(self) -> bool:
         return bool(getattr(self.drafter, "needs_target_hidden", False))
 
+    @property
+    def _needs_logits(self) -> bool:
+        return bool(getattr(self.drafter, "needs_target_logits", False))
+
     # ------------------------------------------------------------------ generation
     def generate(
         self,
@@ -211,12 +215,15 @@ class SpecDecoder:
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
         self.target.reset(capacity=need + self.policy.max_budget)  # used if the target pre-allocates
-        hidden = None
+        hidden = logits = None
         if len(prompt) > 1:
-            # The root (last prompt token) enters with the first tree, as in EAGLE.
-            prefill = self.target.causal_forward(prompt[:-1].to(self.target.device), self._needs_hidden)
+            # The root (last prompt token) enters with the first tree, as in EAGLE. No caller
+            # reads the prefill's logits unless the drafter asks for them: skip their lm_head rows.
+            prefill = self.target.causal_forward(prompt[:-1].to(self.target.device), self._needs_hidden,
+                                                 last_logits_only=not self._needs_logits)
             hidden = prefill.hidden_states if self._needs_hidden else None
-        self.drafter.begin(prompt, target_hidden=hidden)
+            logits = prefill.logits[0] if self._needs_logits else None
+        self.drafter.begin(prompt, target_hidden=hidden, **self._logits_kw(logits))
         self.policy.reset()
         committed = prompt.tolist()
         out = GenerationOutput(tokens=[])
@@ -234,6 +241,11 @@ class SpecDecoder:
                 break
         out.wall_time = time.perf_counter() - start
         return out
+
+    def _logits_kw(self, logits: torch.Tensor | None) -> dict[str, Any]:
+        """``target_logits=`` for a drafter that declares ``needs_target_logits``; nothing for
+        the others, whose ``begin``/``commit`` may not take the keyword."""
+        return {"target_logits": logits} if self._needs_logits else {}
 
     def _verifier_for(self, temperature: float | None) -> Verifier:
         """The verifier of one generate call: ``temperature`` 0 = exact greedy, > 0 overrides
@@ -305,8 +317,11 @@ class SpecDecoder:
         if not finished:
             # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
             self.target.keep(len(committed) - 1, read.path, contiguous=read.contiguous)
-            hidden = out.hidden_states if self._needs_hidden else None
-            self.drafter.commit(torch.tensor(emitted, dtype=torch.long), read.path, hidden, tree=tree)
+        # The last step commits too (a drafter that learns from verifications sees them all),
+        # with the verifier's whole decision even where max_new_tokens or EOS cut the output.
+        hidden = out.hidden_states if self._needs_hidden else None
+        self.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
+                            **self._logits_kw(logits))
         t4 = time.perf_counter()
         draft_time = session.draft_time
         stats = StepStats(
