@@ -1,0 +1,129 @@
+"""Replay equals live, step by step, for deterministic drafters x policies x prompts.
+
+The continuation comes from transformers' own greedy ``generate`` (not from the replay code),
+so a replay target that verifies against the wrong token fails here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specframe.engine import SpecDecoder, make_plugin
+from specframe.options import NoOptions
+from specframe.replay import ReplayTarget, ReplayVerifier, Trace
+from specframe.replay.trace import PromptTrace
+from specframe.target import TargetModel, load_causal_lm
+from specframe.testing.fixtures import close_draft, tiny_target
+from specframe.testing.harness import greedy_reference
+from specframe.testing.profiles import profile_examples
+
+POLICIES = [("chain", {"gamma": 3}), ("talon", {"budget": 10, "mu": 0.03}),
+            ("eagle", {"budget": 10, "top_k": 3, "depth": 4}), ("opt-tree", {"budget": 8})]
+DRAFTERS = ["ngram", "model"]
+MAX_NEW = 12
+EXTRA = 12
+FIELDS = ("tree_size", "depth", "accepted", "emitted", "draft_forwards", "accepted_ranks", "widths")
+
+
+@lru_cache(maxsize=None)
+def _pair(which: str) -> tuple:
+    """(target model, draft model): the shipped tiny demo pair, or a float64 random model and
+    a perturbed copy of it."""
+    if which == "demo":
+        return load_causal_lm("demo-target", dtype=torch.float64), load_causal_lm("demo-draft", dtype=torch.float64)
+    target = tiny_target()
+    return target, close_draft(target)
+
+
+def _drafter(name: str, draft: object, target: TargetModel) -> object:
+    spec = ("model", {"model": draft}) if name == "model" else (name, {})
+    return make_plugin("drafters", spec, target)
+
+
+def _live(pair: tuple, drafter: str, policy: tuple, prompt: list[int]):
+    target = TargetModel(pair[0])
+    dec = SpecDecoder.build(target, drafter=_drafter(drafter, pair[1], target), policy=policy, verifier="greedy")
+    return dec.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
+
+
+def _replay(pair: tuple, drafter: str, policy: tuple, prompt: list[int]):
+    cont = greedy_reference(pair[0], prompt, MAX_NEW + EXTRA, None)
+    trace = Trace({}, {}, {"p": PromptTrace("p", list(prompt), cont, MAX_NEW)})
+    target = ReplayTarget(pair[0], trace)
+    target.use(prompt)
+    dec = SpecDecoder(target, _drafter(drafter, pair[1], target), make_plugin("policies", policy),
+                      ReplayVerifier(NoOptions()))
+    return dec.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None), target
+
+
+def _assert_same(live, replay) -> None:
+    assert replay.tokens == live.tokens
+    assert len(replay.steps) == len(live.steps)
+    for i, (a, b) in enumerate(zip(live.steps, replay.steps)):
+        for f in FIELDS:
+            assert getattr(b, f) == getattr(a, f), f"step {i}: {f} live {getattr(a, f)} replay {getattr(b, f)}"
+    assert replay.tau == live.tau and replay.delta == live.delta
+
+
+@pytest.mark.parametrize("which", ["random", "demo"])
+@settings(max_examples=profile_examples())
+@given(data=st.data())
+def test_replay_equals_live_per_step(which: str, data: st.DataObject) -> None:
+    pair = _pair(which)
+    vocab = int(pair[0].config.vocab_size)
+    policy = data.draw(st.sampled_from(POLICIES), label="policy")
+    drafter = data.draw(st.sampled_from(DRAFTERS), label="drafter")
+    # Short repetitive prompts give the n-gram drafter something to match.
+    unit = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=5), label="unit")
+    prompt = (unit * data.draw(st.integers(1, 4), label="repeats"))[:16]
+    live = _live(pair, drafter, policy, prompt)
+    replay, target = _replay(pair, drafter, policy, prompt)
+    _assert_same(live, replay)
+    assert target.replay_calls == len(replay.steps) + (len(prompt) > 1)  # no target model forward at all
+
+
+def test_replay_refuses_a_prompt_it_did_not_record() -> None:
+    from specframe.replay import TraceError
+
+    trace = Trace({}, {}, {"p": PromptTrace("p", [1, 2, 3], [4, 5], 2)})
+    target = ReplayTarget(tiny_target(), trace)
+    with pytest.raises(TraceError, match="prompts differ"):
+        target.use([1, 2])
+
+
+def test_trace_mismatch_names_the_difference() -> None:
+    from specframe.replay import TraceError
+
+    trace = Trace({}, {"target_model": "a", "max_new_tokens": 64}, {})
+    with pytest.raises(TraceError, match="max_new_tokens = 64.*has 32"):
+        trace.check_matches({"target_model": "a", "max_new_tokens": 32})
+
+
+def test_undeclared_and_unsupported_drafters_are_refused() -> None:
+    from specframe.replay.runner import ReplayError, check_drafter
+
+    class Undeclared:
+        name = "x"
+
+    class Unsupported:
+        name = "y"
+        replay = "unsupported"
+
+    with pytest.raises(ReplayError, match="does not declare"):
+        check_drafter(Undeclared(), "arm 'a'")
+    with pytest.raises(ReplayError, match="unsupported"):
+        check_drafter(Unsupported(), "arm 'b'")
+
+
+def test_builtin_drafters_declare_replay() -> None:
+    from specframe.plugins import get_registry
+
+    reg = get_registry()
+    assert reg.get("drafters", "ngram").replay == "exact"
+    assert reg.get("drafters", "model").replay == "exact"
+    assert reg.get("drafters", "eagle3").replay == "approximate"

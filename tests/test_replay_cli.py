@@ -1,0 +1,135 @@
+"""record -> run --replay -> sweep (local processes and Ray) on a tiny random experiment."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from specframe.cli import cli
+
+CONFIG = """
+name = "tiny-replay"
+max_new_tokens = 10
+warmup = 0
+stop_at_eos = false
+threads = 1
+
+[target]
+model = "random:llama"
+dtype = "float64"
+device = "cpu"
+random = { vocab_size = 64, hidden = 32, layers = 2, seed = 0 }
+
+[models.draft]
+model = "perturbed:target"
+random = { noise = 0.05, seed = 1 }
+
+[drafter]
+name = "model"
+options = { model = "draft" }
+
+[[arm]]
+baseline = "autoregressive"
+
+[[arm]]
+policy = "talon"
+policy_options = { budget = 6, mu = 0.03 }
+
+[[arm]]
+policy = "chain"
+drafter = "ngram"
+policy_options = { gamma = 3 }
+
+[data]
+path = "prompts.jsonl"
+
+[output]
+dir = "live"
+"""
+
+SWEEP = """
+base = "exp.toml"
+arms = ["talon"]
+chunk = 2
+[grid]
+"policy.budget" = [3, 6]
+"policy.mu" = [0.01, 0.1]
+[output]
+dir = "sweep"
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The experiment, its live run and its trace."""
+    tmp = tmp_path_factory.mktemp("replay")
+    rows = [{"question_id": i, "category": "ab"[i % 2], "turns": [f"ab ab ab {i} ab ab"]} for i in range(4)]
+    (tmp / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "exp.toml").write_text(textwrap.dedent(CONFIG))
+    (tmp / "sweep.toml").write_text(textwrap.dedent(SWEEP))
+    runner = CliRunner()
+    for args in (["run", str(tmp / "exp.toml"), "--no-progress"],
+                 ["record", str(tmp / "exp.toml"), "--out", str(tmp / "trace"), "--no-progress"]):
+        result = runner.invoke(cli, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    return tmp
+
+
+def _summary(run_dir) -> dict:
+    return {a["name"]: a for a in json.loads((run_dir / "summary.json").read_text())["arms"]}
+
+
+def test_run_replay_reproduces_tau_and_delta_and_marks_arms(recorded) -> None:
+    tmp = recorded
+    result = CliRunner().invoke(cli, ["run", str(tmp / "exp.toml"), "--replay", str(tmp / "trace"),
+                                      "--out", str(tmp / "replayed"), "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "(replay)" in result.output
+    live, replay = _summary(tmp / "live"), _summary(tmp / "replayed")
+    for name in ("talon", "ngram+chain"):
+        assert replay[name]["overall"]["tau"] == live[name]["overall"]["tau"]
+        assert replay[name]["overall"]["delta"] == live[name]["overall"]["delta"]
+        assert replay[name]["replay"] == "exact"
+    assert "(replay)" in (tmp / "replayed" / "report.md").read_text()
+
+
+def test_replay_refuses_a_trace_of_other_settings(recorded) -> None:
+    tmp = recorded
+    other = tmp / "other.toml"
+    other.write_text(textwrap.dedent(CONFIG).replace("max_new_tokens = 10", "max_new_tokens = 8"))
+    result = CliRunner().invoke(cli, ["run", str(other), "--replay", str(tmp / "trace"), "--out", str(tmp / "o")])
+    assert result.exit_code == 1
+    assert "max_new_tokens = 10" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def _sweep(tmp, out: str, extra: list[str]) -> list[dict]:
+    result = CliRunner().invoke(cli, ["sweep", str(tmp / "sweep.toml"), "--replay", str(tmp / "trace"),
+                                      "--out", str(tmp / out), "--no-progress", *extra], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "(replay)" in result.output and "best for overall" in result.output
+    rows = [json.loads(x) for x in (tmp / out / "results.jsonl").read_text().splitlines()]
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def _exact_part(rows: list[dict]) -> list[tuple]:
+    """What replay determines exactly (times are measured, so not compared)."""
+    return [(r["name"], r["overall"]["tau"], r["overall"]["delta"], r["overall"]["tokens"]) for r in rows]
+
+
+def test_sweep_local_then_ray_identical(recorded) -> None:
+    tmp = recorded
+    local = _sweep(tmp, "sweep-local", ["--workers", "1"])
+    assert len(local) == 4 and (tmp / "sweep-local" / "plots" / "tau_delta.png").exists()
+    try:
+        import ray
+    except ImportError as err:
+        pytest.skip(f"ray cannot import here: {err}")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        on_ray = _sweep(tmp, "sweep-ray", ["--ray"])
+    finally:
+        ray.shutdown()
+    assert _exact_part(on_ray) == _exact_part(local)
