@@ -20,6 +20,14 @@ def register_drafters(register):
 
     register(NgramDrafter)
 
+    from .recycle import RecycleDrafter
+
+    register(RecycleDrafter)
+
+    from .hybrid import HybridDrafter
+
+    register(HybridDrafter)
+
 
 @hookimpl
 def register_commands(cli):
