@@ -17,8 +17,10 @@ MKL gave 1.48. :class:`OneDnnLinear` needs no packed copies. :class:`NativeLinea
 ``csrc/small_gemm.cpp`` (:mod:`specframe.native_gemm` compiles it for this CPU at first use):
 on a 2-core Intel Xeon it made a SmolLM2-135M tree forward 15-16% faster than packed MKL at
 every size from 1 to 16 tokens, and a row's result does not depend on the number of rows.
-:func:`pack_linears` with ``kernel="auto"`` times the available kernels on the model's largest
-linear and keeps the fastest.
+:func:`pack_linears` with ``kernel="auto"`` times whole forwards of the model at 1 and 16 tokens
+with each available kernel, keeps the incumbent unless another is clearly faster, and caches the
+choice beside the cost curves, so every later load on this machine takes the same kernel (timing
+the largest linear alone flipped between near-tied kernels from run to run).
 
 Memory: one extra copy of the weights per bucket (MKL), one in all (native). Both copies are
 taken when the layer is wrapped, so weights changed later are not seen. Numerics: a packed GEMM adds in another order
@@ -175,40 +177,72 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
 
 
-_FASTEST: dict[tuple[int, int, int], str] = {}  # (out, in, threads) -> kernel, per process
+#: Row counts at which "auto" times whole forwards: a plain decoding step and a typical tree.
+CHOICE_ROWS = (1, 16)
+#: How much faster another kernel must run those forwards than the incumbent (the cached
+#: choice, else the first available of :data:`KERNELS`) to replace it: on a near tie the
+#: measured order flips from run to run, and with it the cost curve a run reads.
+SWITCH_MARGIN = 0.05
 
 
-def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> str:
-    """The available kernel that runs ``model``'s largest float32 linear fastest over ``rows``
-    (median of ``reps`` rounds, kernels taking turns so a change of load hits both). The answer
-    is kept for the process, so every load of one model gets the same kernel (and cost curve)."""
+def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: int = 5,
+                   refresh: bool = False) -> str:
+    """The available kernel that runs ``model`` fastest: whole forwards of each of ``rows``
+    tokens (:func:`time_model_kernels`), another kernel replacing the incumbent only when it
+    is more than :data:`SWITCH_MARGIN` faster (:func:`choose_kernel`). The choice is cached
+    with the cost curves (:func:`specframe.profile.kernel_choice_key`: model, CPU, threads,
+    torch version), so later processes take it without timing; ``refresh`` times again, with
+    the cached choice as the incumbent."""
+    from .profile import kernel_choice_key, load_kernel_choice, save_kernel_choice
+
     kernels = available_kernels()
     if not kernels:
         raise RuntimeError("packed linears need a C++ compiler (native kernel) or a torch build with oneDNN "
                            "or MKL (x86 CPU wheels have both)")
-    layers = _linears(model)
-    if len(kernels) < 2 or not layers:
+    if len(kernels) < 2 or not _linears(model):
         return kernels[0]
-    largest = max((child for _, _, child in layers), key=lambda c: c.weight.numel())
-    key = (largest.out_features, largest.in_features, torch.get_num_threads())
-    if key not in _FASTEST:
-        _FASTEST[key] = _time_kernels(largest, kernels, rows, reps)
-    return _FASTEST[key]
+    key = kernel_choice_key(model)
+    cached = load_kernel_choice(key)
+    if cached in kernels and not refresh:
+        return cached
+    seconds = time_model_kernels(model, kernels, rows, reps)
+    choice = choose_kernel(seconds, cached if cached in kernels else kernels[0])
+    save_kernel_choice(key, choice, seconds, rows)
+    return choice
 
 
-def _time_kernels(largest: nn.Linear, kernels: tuple[str, ...], rows: tuple[int, ...], reps: int) -> str:
-    modules = {k: _wrap(largest, k, rows) for k in kernels}
+def choose_kernel(seconds: dict[str, float], incumbent: str, margin: float = SWITCH_MARGIN) -> str:
+    """The fastest kernel of ``seconds`` if it beats ``incumbent`` by more than ``margin``
+    (a fraction of its time), else ``incumbent``."""
+    best = min(seconds, key=lambda k: (seconds[k], k != incumbent))
+    return best if seconds[incumbent] > seconds[best] * (1 + margin) else incumbent
+
+
+def time_model_kernels(model: nn.Module, kernels: tuple[str, ...], rows: tuple[int, ...] = CHOICE_ROWS,
+                       reps: int = 5) -> dict[str, float]:
+    """Seconds of ``model``'s forwards of each of ``rows`` tokens (summed) with each kernel in
+    its linears: the median of ``reps`` rounds, the kernels taking turns in every round so a
+    change of load hits all of them (round 0 warms up). The model's linears are put back."""
+    layers = _linears(model)
+    wrapped = {k: [_wrap(child, k, rows) for _, _, child in layers] for k in kernels}
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+    inputs = [torch.arange(r).remainder(vocab).unsqueeze(0) for r in rows]
     times: dict[str, list[float]] = {k: [] for k in kernels}
-    with torch.no_grad():
-        xs = [torch.randn(r, largest.in_features) for r in rows]
-        for rep in range(reps + 1):
-            for k, module in modules.items():
-                start = time.perf_counter()
-                for x in xs:
-                    module(x)
-                if rep:  # round 0 warms up
-                    times[k].append(time.perf_counter() - start)
-    return min(kernels, key=lambda k: statistics.median(times[k]))
+    try:
+        with torch.no_grad():
+            for rep in range(reps + 1):
+                for k in kernels:
+                    for (parent, name, _), module in zip(layers, wrapped[k]):
+                        setattr(parent, name, module)
+                    start = time.perf_counter()
+                    for ids in inputs:
+                        model(input_ids=ids, use_cache=False)
+                    if rep:
+                        times[k].append(time.perf_counter() - start)
+    finally:
+        for parent, name, child in layers:
+            setattr(parent, name, child)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def _wrap(linear: nn.Linear, kernel: str, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> nn.Module:

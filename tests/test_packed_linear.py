@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 import specframe
-from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear,
-                                     _wrap, available_kernels, fastest_kernel, linear_kernel, pack_linears)
+from specframe import packed_linear, profile
+from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear, _wrap,
+                                     available_kernels, choose_kernel, fastest_kernel, linear_kernel, pack_linears,
+                                     time_model_kernels)
 from specframe.testing.models import tiny_model
 
 HAVE = available_kernels()
@@ -115,7 +117,17 @@ def test_pack_linears_replaces_every_float32_linear_and_keeps_the_weights(kernel
     assert model.lm_head.weight is weight  # same parameter (ties survive)
 
 
-def test_auto_takes_an_available_kernel_and_keeps_it_for_the_process():
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cost-curve cache (where the "auto" kernel choice is kept), as in a new process."""
+    from specframe import profile
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile, "_KERNEL_MEMO", {})
+    return tmp_path
+
+
+def test_auto_takes_an_available_kernel_and_keeps_it_for_the_process(cache):
     model = tiny_model("llama", seed=0, dtype=torch.float32)
     first = fastest_kernel(model)
     assert first in HAVE and fastest_kernel(model) == first
@@ -189,3 +201,70 @@ def test_packing_with_a_library_kernel_never_builds_the_native_one(kernel, monke
 
     monkeypatch.setattr(packed_linear, "native_available", lambda: pytest.fail("checked the native kernel"))
     assert pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), kernel) == kernel
+
+
+# ---------------------------------------------------------------------- the "auto" choice
+def test_auto_times_whole_forwards_at_each_row_count_and_puts_the_linears_back():
+    """"auto" compares whole-model forwards (every linear replaced, at 1 and 16 tokens), not
+    one layer: timing the lm_head alone picked mkl or native from run to run."""
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    before = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+              if type(child) is nn.Linear]
+    seen = []
+    real = model.forward
+
+    def recording(*args, **kwargs):
+        seen.append((linear_kernel(model), kwargs["input_ids"].shape[-1]))
+        return real(*args, **kwargs)
+
+    model.forward = recording
+    kernels = tuple(HAVE)
+    seconds = time_model_kernels(model, kernels, rows=(1, 16), reps=2)
+    assert set(seconds) == set(kernels) and all(t > 0 for t in seconds.values())
+    assert sorted(seen) == sorted((k, r) for k in kernels for r in (1, 16) for _ in range(3))  # warm-up + 2
+    assert linear_kernel(model) is None
+    assert all(getattr(parent, name) is child for parent, name, child in before)
+
+
+def test_a_kernel_replaces_the_incumbent_only_when_clearly_faster():
+    assert choose_kernel({"native": 1.0, "onednn": 0.97, "mkl": 0.96}, "native") == "native"  # near tie
+    assert choose_kernel({"native": 1.0, "onednn": 0.97, "mkl": 0.90}, "native") == "mkl"
+    assert choose_kernel({"native": 0.90, "mkl": 0.93}, "mkl") == "mkl"
+    assert choose_kernel({"native": 1.0, "mkl": 1.0}, "mkl") == "mkl"
+    assert choose_kernel({"native": 1.0, "mkl": 0.5}, "native", margin=1.5) == "native"
+
+
+def test_the_auto_choice_is_cached_with_the_curves_and_read_back_without_timing(cache, monkeypatch):
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    monkeypatch.setattr(packed_linear, "available_kernels", lambda: ("native", "onednn", "mkl"))
+    timings = iter([{"native": 1.0, "onednn": 0.97, "mkl": 0.96},   # first machine run: a near tie
+                    {"native": 1.0, "onednn": 0.97, "mkl": 0.80},   # refreshed: mkl clearly faster
+                    {"native": 0.78, "onednn": 0.9, "mkl": 0.80}])  # refreshed again: a near tie
+    monkeypatch.setattr(packed_linear, "time_model_kernels", lambda *a, **k: next(timings))
+    assert fastest_kernel(model) == "native"  # no cache: the first available is the incumbent
+    files = list(cache.rglob("linear-kernel_*.json"))
+    assert len(files) == 1 and profile.cache_dir() in files[0].parents
+    monkeypatch.setattr(profile, "_KERNEL_MEMO", {})  # a new process reads the file ...
+    monkeypatch.setattr(packed_linear, "time_model_kernels", lambda *a, **k: pytest.fail("timed again"))
+    assert fastest_kernel(model) == "native"  # ... and times nothing
+    monkeypatch.setattr(packed_linear, "time_model_kernels", lambda *a, **k: next(timings))
+    assert fastest_kernel(model, refresh=True) == "mkl"
+    assert fastest_kernel(model, refresh=True) == "mkl"  # the cached choice is now the incumbent
+    monkeypatch.setattr(profile, "_KERNEL_MEMO", {})
+    assert pack_linears(model, "auto") == "mkl" == linear_kernel(model)
+
+
+def test_the_auto_choice_is_keyed_by_model_cpu_threads_and_torch():
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    key = profile.kernel_choice_key(model, threads=2)
+    assert profile.model_label(model) in key and "t2" in key and profile.cpu_label() in key
+    assert torch.__version__.replace("+", "-") in key
+    assert profile.kernel_choice_key(model, threads=3) != key
+    assert profile.kernel_choice_key(tiny_model("qwen2", seed=0, dtype=torch.float32), threads=2) != key
+
+
+def test_a_damaged_kernel_choice_counts_as_absent(cache):
+    key = profile.kernel_choice_key(tiny_model("llama", seed=0, dtype=torch.float32))
+    (cache / "profiles").mkdir(parents=True)
+    (cache / "profiles" / f"{key}.json").write_text("{not json", encoding="utf-8")
+    assert profile.load_kernel_choice(key) is None
