@@ -46,7 +46,7 @@ def _split(entry: Any) -> tuple[str, dict]:
         return entry, {}
     if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
         return entry[0], dict(entry[1])
-    raise OptionError(f"option 'drafters' of drafter 'hybrid': entry {entry!r} is not a name or [name, {{options}}]")
+    raise OptionError(f"option 'drafters': entry {entry!r} is not a drafter name or [name, {{options}}]")
 
 
 @dataclass

@@ -65,3 +65,16 @@ def test_sampled_tree_verification_adds_one_read_for_its_sibling_order(target):
     steps, reads = _engine_reads(dec, [5, 6, 7])
     assert steps > 1
     assert reads == 2 * steps
+
+
+@pytest.mark.parametrize("drafter", ["recycle", ("hybrid", {"drafters": ["ngram", "recycle"]})])
+def test_target_logits_for_the_drafter_add_no_read(target, drafter):
+    # needs_target_logits: the prefill's and the verifier's logits go to begin and commit as
+    # device tensors; the step still reads the device once.
+    dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy="talon", strict=False)
+    assert dec.drafter.needs_target_logits
+    reads = count_step_reads(dec, [5, 6, 7, 5, 6], max_new_tokens=24)
+    assert reads["steps"] > 1
+    assert reads["engine"] == reads["steps"]
+    if drafter == "recycle":
+        assert reads["commit"] == 0  # the table is written on the device
