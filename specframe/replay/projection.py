@@ -9,6 +9,9 @@ projected time is::
                                time on live steps of the recording arm
   + other_time                 the drafter's commit, measured during the replay
 
+An autoregressive step is the curve's T(1, L) times the ratio of a measured autoregressive step
+to it, taken at record time (a causal forward, not the curve's tree forward).
+
 A generation adds its prefill (measured at record time, or T(L - 1) of the curve when another
 curve is given) and the replay's own time outside steps (the drafter's ``begin``).
 :class:`ProjectedPolicy` writes these times into each step's ``StepStats`` before the policy
@@ -33,21 +36,30 @@ class StepModel:
         curve: T(n, L) in seconds.
         curve_source: where the curve came from (printed in the report).
         rest_fixed, rest_per_node: the rest of a speculative step, a + b (n - 1), seconds.
-        ar_overhead: seconds an autoregressive step spends beside its forward.
+        ar_ratio: an autoregressive step's measured time / the curve's T(1, L), at record time
+            (1.0 with another machine's curve)
         prefill_from_curve: price prefills with the curve (another machine's curve) instead of
             the recorded prefill times.
+        curve_scale: measured / curve target time of the recording run's steps (median): the
+            trace's own curve, measured apart from the run, is scaled to the machine's state
+            while recording; another machine's curve is taken as it is (1.0).
     """
 
     curve: CostCurve
     curve_source: str
     rest_fixed: float = 0.0
     rest_per_node: float = 0.0
-    ar_overhead: float = 0.0
+    ar_ratio: float = 1.0
     prefill_from_curve: bool = False
+    curve_scale: float = 1.0
 
     def target_seconds(self, n: int, context: int) -> float:
         """T(n) with ``context - 1`` tokens cached (the root enters with the tree)."""
-        return self.curve.time(n, max(context - 1, 0))
+        return self.curve_scale * self.curve.time(n, max(context - 1, 0))
+
+    def ar_seconds(self, context: int) -> float:
+        """One autoregressive step after ``context`` tokens."""
+        return self.ar_ratio * self.curve.time(1, context)
 
     def rest_seconds(self, n: int) -> float:
         """Verification, read-back and compaction of an n-node tree."""
@@ -56,14 +68,15 @@ class StepModel:
     def prefill_seconds(self, prompt_len: int, recorded: float) -> float:
         """The prefill of a ``prompt_len``-token prompt (the root enters with the first tree)."""
         if self.prefill_from_curve or recorded <= 0:
-            return self.curve.time(max(prompt_len - 1, 1), 0) if prompt_len > 1 else 0.0
+            return self.curve_scale * self.curve.time(max(prompt_len - 1, 1), 0) if prompt_len > 1 else 0.0
         return recorded
 
     def describe(self) -> str:
         """One line stating the model (the report prints it)."""
-        return (f"projected step = T(n, L) from {self.curve_source} + measured draft, policy and commit time "
+        scale = f" x {self.curve_scale:.3f} (recorded steps / curve)" if self.curve_scale != 1.0 else ""
+        return (f"projected step = T(n, L) from {self.curve_source}{scale} + measured draft, policy and commit time "
                 f"+ rest {self.rest_fixed * 1e3:.3f} ms + {self.rest_per_node * 1e3:.4f} ms per drafted node; "
-                f"autoregressive step = T(1, L) + {self.ar_overhead * 1e3:.3f} ms; prefill "
+                f"autoregressive step = {self.ar_ratio:.3f} x T(1, L) (measured when recorded); prefill "
                 + ("T(L-1) of the curve" if self.prefill_from_curve else "as recorded"))
 
 

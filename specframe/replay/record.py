@@ -103,17 +103,22 @@ def _timed_prefill(target: TargetModel, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def _ar_overhead(target: TargetModel, prompt: list[int], curve: Any, tokens: int = 8) -> float:
-    """Seconds an autoregressive step spends beside its forward (timed on ``prompt``)."""
+def _ar_ratio(target: TargetModel, prompts: list[list[int]], curve: Any, tokens: int = 16) -> float:
+    """Measured autoregressive step / the curve's T(1, L) (median over ``prompts``): an
+    autoregressive step runs a causal forward, not the curve's tree forward, and its price
+    drifts with the machine's state like the steps the curve scale calibrates."""
     from ..baselines import AutoregressiveRunner
 
     runner = AutoregressiveRunner(target)
-    runner.generate(prompt, 2, set())  # untimed: the first small forward runs slow
-    prefill = _timed_prefill(target, prompt + [0])
-    start = time.perf_counter()
-    runner.generate(prompt, tokens, set())
-    per_token = (time.perf_counter() - start - prefill) / max(tokens - 1, 1)
-    return max(per_token - curve.time(1, len(prompt)), 0.0)
+    runner.generate(prompts[0], 2, set())  # untimed: the first small forward runs slow
+    ratios = []
+    for prompt in prompts:
+        prefill = _timed_prefill(target, prompt + [0])
+        start = time.perf_counter()
+        runner.generate(prompt, tokens, set())
+        per_token = (time.perf_counter() - start - prefill) / max(tokens - 1, 1)
+        ratios.append(per_token / max(curve.time(1, len(prompt)), 1e-9))
+    return _median(ratios)
 
 
 def record_trace(config: ExperimentConfig, out: str | Path, progress: bool = True, console: Any = None) -> Trace:
@@ -140,6 +145,7 @@ def record_trace(config: ExperimentConfig, out: str | Path, progress: bool = Tru
         extra = _extra_tokens(config)
         prompts: dict[str, PromptTrace] = {}
         rest: list[tuple[int, float]] = []
+        ratios: list[float] = []
         total = sum(len(q.turns) for q in questions)
         with _ProgressBar(total, 0, enabled=progress, console=console) as advance:
             for q in questions:
@@ -148,20 +154,27 @@ def record_trace(config: ExperimentConfig, out: str | Path, progress: bool = Tru
                 for turn in range(len(q.turns)):
                     prompt = encoder.encode(q.turns, answers, prompt)
                     entry = _record_prompt(decoder, target, prompt, config.max_new_tokens, extra, eos, layers,
-                                           out, len(prompts), rest)
+                                           out, len(prompts), rest, ratios, curve)
                     entry.key = prompt_key(q.question_id, turn)
                     prompts[entry.key] = entry
                     answers.append(entry.continuation[: entry.stop])
                     advance(str(q.question_id))
         a, b = fit_rest(rest)
-        overhead = {"rest_fixed": a, "rest_per_node": b, "ar_overhead": _ar_overhead(target, first, curve),
-                    "steps_fitted": len(rest)}
+        scale = _median(ratios) if ratios else 1.0
+        firsts = [p.prompt for p in list(prompts.values())[:3]]
+        overhead = {"rest_fixed": a, "rest_per_node": b, "ar_ratio": _ar_ratio(target, firsts, curve),
+                    "steps_fitted": len(rest), "curve_scale": scale}
         trace = Trace(_environment(config, model, target, curve, extra), experiment_settings(config), prompts,
                       overhead, layers)
         trace.save(out, curve)
         return trace
     finally:
         torch.set_num_threads(threads)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _eos(config: ExperimentConfig, target: TargetModel) -> set[int]:
@@ -173,7 +186,7 @@ def _eos(config: ExperimentConfig, target: TargetModel) -> set[int]:
 
 def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int], max_new: int, extra: int,
                    eos: set[int], layers: list[int], out: Path, index: int,
-                   rest: list[tuple[int, float]]) -> PromptTrace:
+                   rest: list[tuple[int, float]], ratios: list[float], curve: Any) -> PromptTrace:
     """One turn: its continuation (``extra`` past the stop), prefill time and hidden states."""
     room = target.max_positions - len(prompt)
     steps: list = []
@@ -186,6 +199,11 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
             stop = i + 1
             break
     rest += [(v.stats.tree_size, v.stats.verify_time + v.stats.other_time) for v in steps[:-1]]
+    context = len(prompt)
+    for v in steps:  # measured target time against the curve's, at the step's context
+        if curve is not None and v.stats.target_time > 0:
+            ratios.append(v.stats.target_time / max(curve.time(v.stats.tree_size, context - 1), 1e-9))
+        context += v.stats.emitted
     entry = PromptTrace(key="", prompt=list(prompt), continuation=cont, stop=stop,
                         prefill_seconds=_timed_prefill(target, prompt))
     if layers:

@@ -50,7 +50,8 @@ def step_model(trace: Trace, curve_path: str | Path | None = None) -> StepModel:
         source = f"the trace's curve ({curve.key})"
     o = trace.overhead
     return StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
-                     o.get("ar_overhead", 0.0), prefill_from_curve=curve_path is not None)
+                     o.get("ar_ratio", 1.0) if curve_path is None else 1.0, prefill_from_curve=curve_path is not None,
+                     curve_scale=1.0 if curve_path is not None else o.get("curve_scale", 1.0))
 
 
 def replayable_arms(config: ExperimentConfig) -> tuple[list[ArmConfig], list[str]]:
@@ -88,6 +89,8 @@ class ReplayRunner:
 
     def __init__(self, decoder: SpecDecoder, target: ReplayTarget, model: StepModel) -> None:
         self.decoder, self.target, self.model = decoder, target, model
+        #: Seconds spent replaying (what the replay itself costs, warm-up included).
+        self.seconds = 0.0
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """One replayed generation."""
@@ -102,18 +105,20 @@ class ReplayRunner:
                            draft_forwards=sum(s.draft_forwards for s in out.steps),
                            accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views)
         result.replay_wall = wall
+        self.seconds += wall
         result.projected_wall = (wall - policy.replaced + policy.added
                                  + self.model.prefill_seconds(len(prompt), found.prefill_seconds))
         return result
 
 
 class ReplayAutoregressive:
-    """The autoregressive arm, projected: the recorded tokens at T(1, L) + overhead each."""
+    """The autoregressive arm, projected: the recorded tokens at one autoregressive step each."""
 
     greedy = True
 
     def __init__(self, target: ReplayTarget, model: StepModel) -> None:
         self.target, self.model = target, model
+        self.seconds = 0.0
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """The recorded greedy answer and its projected time."""
@@ -126,9 +131,10 @@ class ReplayAutoregressive:
                 break
         ctx = len(prompt)
         seconds = self.model.prefill_seconds(ctx, found.prefill_seconds) + self.model.target_seconds(1, ctx)
-        seconds += sum(self.model.target_seconds(1, ctx + i) + self.model.ar_overhead for i in range(1, len(tokens)))
+        seconds += sum(self.model.ar_seconds(ctx + i) for i in range(1, len(tokens)))
         result = ArmOutput(tokens, target_forwards=len(tokens), draft_forwards=0, accept_lengths=[1] * len(tokens))
         result.replay_wall = time.perf_counter() - start
+        self.seconds += result.replay_wall
         result.projected_wall = seconds
         return result
 
@@ -146,6 +152,7 @@ class ReplayExperiment(Experiment):
         super().__init__(dataclasses.replace(config, arms=arms), out_dir, **kwargs)
         self.trace, self.model = trace, model
         self.exactness: dict[str, str] = {}
+        self.runners: dict[str, Any] = {}
 
     def run(self) -> RunOutcome:
         """Run, then note in run.json that every arm was replayed, and how."""
@@ -154,6 +161,7 @@ class ReplayExperiment(Experiment):
         meta = run_file.read()
         meta["replay"] = {"trace": str(self.trace.path), "projection": self.model.describe(),
                           "curve": self.model.curve_source, "arms": self.exactness, "not_replayed": self.skipped,
+                          "replay_seconds": {name: r.seconds for name, r in self.runners.items()},
                           "recorded": self.trace.environment}
         run_file.write(meta)
         return outcome
@@ -169,7 +177,7 @@ class ReplayExperiment(Experiment):
                              f"this one's is {config_hash(model)}: a different model")
         target = ReplayTarget(model, self.trace)
         self._skip_overflowing(encoder, target, questions)
-        runners = {arm.name: self._runner(arm, pool, target) for arm in arms}
+        runners = self.runners = {arm.name: self._runner(arm, pool, target) for arm in arms}
         eos: set[int] = set()
         if cfg.stop_at_eos and target.eos_token_id is not None:
             ids = target.eos_token_id
