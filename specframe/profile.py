@@ -14,7 +14,6 @@ caches it; ``specframe profile MODEL`` measures a longer one, prints it and plot
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import statistics
 import time
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from .cache_keys import model_identity, profiles_dir, safe
 from .tree import DraftTree
 
 #: Tree sizes (root included) and cache lengths of the short curve measured at first use.
@@ -177,16 +177,9 @@ def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
     ``-native`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.packed_linear.pack_linears` replaced its
     linears and ``-gqa`` when its attention is :mod:`specframe.attention`'s (both change it)."""
-    from .attention import NAME as GQA_SDPA
     from .packed_linear import linear_kernel
 
-    cfg = model.config
-    name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
-    name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
-    digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
-    kernel = linear_kernel(model)
-    gqa = getattr(cfg, "_attn_implementation", None) == GQA_SDPA
-    return f"{_safe(name)}-{digest}" + (f"-{kernel}" if kernel else "") + ("-gqa" if gqa else "")
+    return model_identity(model, linear_kernel(model))
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
@@ -194,20 +187,14 @@ def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int
     threads = torch.get_num_threads() if threads is None else threads
     dev = device.type if device.index is None else f"{device.type}{device.index}"
     if device.type == "cuda":
-        dev += "-" + _safe(torch.cuda.get_device_name(device))
+        dev += "-" + safe(torch.cuda.get_device_name(device))
     return "_".join([model_label(model), dev, str(dtype).replace("torch.", ""), f"t{threads}",
-                     "torch" + _safe(torch.__version__)])
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
+                     "torch" + safe(torch.__version__)])
 
 
 def cache_dir() -> Path:
     """Where curves are cached: ``specframe.gguf.cache_root() / "profiles"``."""
-    from .gguf import cache_root
-
-    return cache_root() / "profiles"
+    return profiles_dir()
 
 
 def load_cached(key: str) -> CostCurve | None:
@@ -247,12 +234,12 @@ def cpu_label() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
-                return _safe(line.split(":", 1)[1].strip())
+                return safe(line.split(":", 1)[1].strip())
     except OSError:
         pass
     import platform
 
-    return _safe(platform.processor() or platform.machine() or "cpu")
+    return safe(platform.processor() or platform.machine() or "cpu")
 
 
 def kernel_choice_key(model: Any, threads: int | None = None) -> str:
