@@ -26,6 +26,11 @@ _EXPORTS = {
     "TargetModel": "target", "UnsupportedModelError": "target", "load_causal_lm": "target",
     "DraftTree": "tree", "InvalidTreeError": "tree",
     "top_indices": "selection", "topk_per_row": "selection",
+    # the policy author's toolkit (docs/auto-sizing.md, docs/tutorial-policy.md)
+    "AutoBudgetOptions": "sizing", "AutoSizedPolicy": "sizing", "AutoSizer": "sizing", "Growth": "sizing",
+    "MuBandit": "sizing",
+    "append_children": "building", "build_from_rank_paths": "building", "child_scores": "building",
+    "select_top": "building",
 }
 
 __all__ = sorted(_EXPORTS)

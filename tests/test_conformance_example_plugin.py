@@ -9,12 +9,14 @@ The package is installed with ``pip install --target`` into a temporary director
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from specframe import plugins
@@ -81,3 +83,32 @@ def test_usable_in_the_tutorial_experiment(on_path, tmp_path):
     assert {"widetree[width=2]", "widetree[width=8]", "talon"} <= set(arms), sorted(arms)
     for name in ("widetree[width=2]", "widetree[width=8]"):
         assert arms[name]["mismatches"] == 0 and arms[name]["compared"] == 3, (name, arms[name])
+
+
+def test_auto_sized_through_the_public_route_passes_the_suite(on_path, tmp_path):
+    """The tutorial's policy auto-sized as section 6 shows (budget = "auto", no private import):
+    its own conformance class, with the sizer's invariants, passes in a child pytest."""
+    tests = EXAMPLE / "tests" / "test_widetree_conformance.py"
+    assert "specframe.strategies" not in (on_path / "specframe_widetree" / "__init__.py").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-examples", "3",
+         f"{tests}::TestAutoWideTree"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(on_path)},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "test_auto_sized_trees_stay_closed_and_within_max_budget" not in proc.stdout  # not failed
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_auto_sized_widetree_decodes_losslessly_within_max_budget(on_path):
+    from specframe import SpecDecoder
+    from specframe.testing import fixtures
+
+    target = fixtures.tiny_target()  # float64: greedy equality is exact
+    dec = SpecDecoder.build(target=target, drafter=("model", {"model": fixtures.close_draft(target)}),
+                            policy=("widetree", {"budget": "auto", "max_budget": 16, "width": 4}), strict=True)
+    greedy = target.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=32, do_sample=False)[0, 4:].tolist()
+    out = dec.generate([5, 6, 7, 8], max_new_tokens=32, eos_token_id=None)
+    assert out.tokens == greedy
+    sizes = [step.tree_size for step in out.steps]
+    assert max(sizes) <= 16 and out.tau > 1.0, sizes

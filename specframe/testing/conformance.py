@@ -41,8 +41,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specframe.engine import SpecDecoder, make_plugin
-from specframe.interfaces import DraftSession, Drafter, TreePolicy, Verifier
+from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from specframe.selection import topk_per_row
+from specframe.sizing import AutoSizedPolicy
 from specframe.step_read import read_step
 from specframe.target import TargetModel
 from specframe.tree import DRAFTING_MODES, DraftTree
@@ -232,6 +233,25 @@ class TreePolicyConformance(_Conformance):
         tree.check_valid(min(budget, policy.max_budget))
         check_against_drafter(tree, drafter, self.strict_ranks)
 
+    @FAST
+    @given(drafter=synthetic_drafters(max_vocab=64), steps=st.integers(4, 24), seed=st.integers(0, 2**31 - 1))
+    def test_auto_sized_trees_stay_closed_and_within_max_budget(self, drafter, steps, seed):
+        """Only for a policy auto-sized through :class:`~specframe.sizing.AutoSizedPolicy` (e.g.
+        ``budget="auto"``): over a run of steps whose verdicts and timings vary, every tree the
+        sizer keeps is valid, prefix-closed and within ``max_budget``, and the sizer's build cap
+        stays within it too."""
+        policy = self.make_policy()
+        if not (isinstance(policy, AutoSizedPolicy) and policy.auto_size):
+            pytest.skip("not an auto-sized policy")
+        rng = torch.Generator().manual_seed(seed)
+        for step in range(steps):
+            session = make_session(drafter, generator=torch.Generator().manual_seed(step))
+            tree = policy.build(session, policy.max_budget)
+            tree.check_valid(policy.max_budget)  # ancestor-closed (prefix-closed), within max_budget
+            assert bool(torch.isfinite(tree.logp).all()), "a node has a non-finite draft log-prob"
+            assert 2 <= policy.sizer.cap <= policy.max_budget, f"build cap {policy.sizer.cap} out of range"
+            policy.observe(_verified_at_random(tree, rng))
+
     @MODEL
     @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), eos=st.integers(0, VOCAB - 1),
            preallocate=st.booleans())
@@ -257,6 +277,24 @@ class TreePolicyConformance(_Conformance):
         out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None, seed=0)
         assert out.tokens == greedy_reference(target, prompt, 16, None)
         assert out.tau > 1.0, f"the close draft was never accepted (tau={out.tau:.2f})"
+
+
+
+def _verified_at_random(tree: DraftTree, rng: torch.Generator) -> StepStats:
+    """A verified step for ``tree``: a random root path accepted (by ranks), timings that grow
+    with the tree, as the engine reports them to ``observe``."""
+    path, node = [], 0
+    while True:
+        kids = (tree.parents == node).nonzero().flatten().tolist()
+        if not kids or float(torch.rand((), generator=rng)) < 0.3:
+            break
+        node = kids[int(torch.randint(len(kids), (), generator=rng))]
+        path.append(int(tree.ranks[node]))
+    size = len(tree)
+    return StepStats(tree_size=size, depth=tree.max_depth, accepted=len(path), emitted=len(path) + 1,
+                     draft_forwards=tree.max_depth, draft_time=1e-4 * tree.max_depth, policy_time=1e-4,
+                     target_time=1e-3 * (1 + 0.1 * size), verify_time=1e-5 * size, other_time=1e-5 * size,
+                     widths=tree.width_per_depth(), accepted_ranks=path)
 
 
 # ====================================================================== drafters

@@ -9,24 +9,26 @@ from specframe.options import require
 
 
 @dataclass
-class WideTreeOptions(specframe.BudgetOptions):
-    """Options of ``widetree``: ``budget`` = tree size with the root, ``width`` = nodes per layer."""
+class WideTreeOptions(specframe.AutoBudgetOptions):
+    """Options of ``widetree``: ``budget`` = tree size with the root, or ``"auto"`` (sized each step,
+    up to ``max_budget``); ``width`` = nodes per layer."""
 
-    budget: int = 32
+    budget: int | str = 32
     width: int = 8
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # BudgetOptions checks the budget
+        super().__post_init__()  # AutoBudgetOptions checks the budget and max_budget
         require(self.width >= 1, "width", f"must be >= 1, got {self.width}")
 
 
-class WideTreePolicy(specframe.TreePolicy):
+class WideTreePolicy(specframe.AutoSizedPolicy):
     """Each layer keeps the ``width`` best children of the whole frontier (a beam) until the budget is spent."""
 
     name = "widetree"
     Options = WideTreeOptions
 
-    def build(self, session, budget):
+    def grow(self, session, growth):
+        budget = growth.nodes                                                 # N, or this step's build cap
         tree = session.new_tree()
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)    # start at the root
         while len(tree) < budget:
@@ -41,6 +43,8 @@ class WideTreePolicy(specframe.TreePolicy):
             tree = tree.add_nodes(frontier[rows], tokens.flatten()[best], scores.flatten()[best],
                                   ranks=ranks.flatten()[best])
             frontier = torch.arange(len(tree) - len(best), len(tree), device=tree.device)
+            if growth.stop(tree, frontier, last=len(tree) >= budget):      # "auto": would a layer pay?
+                break
         return tree
 
 
