@@ -3,16 +3,19 @@
 Cost curves (:mod:`specframe.profile`) and the ``"auto"`` linear kernel choice
 (:mod:`specframe.packed_linear`) live side by side in ``specframe.gguf.cache_root()/profiles``.
 Both are keyed by the model (a readable name plus a hash of its config: weights do not change
-the cost), threads and torch version; this module holds the parts both keys share, so that
-neither module has to import the other.
+the cost), threads and torch version. This module holds the parts both keys share, and reads
+and writes the kernel choice, so that neither of the two modules has to import the other.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from pathlib import Path
 from typing import Any
+
+import torch
 
 
 def safe(text: str) -> str:
@@ -50,3 +53,45 @@ def cpu_label() -> str:
     except OSError:
         pass
     return safe(platform.processor() or platform.machine() or "cpu")
+
+
+#: The "auto" kernel chosen per cache directory and key, for the process (the file is read once).
+_CHOSEN: dict[tuple[Path, str], str] = {}
+
+
+def kernel_choice_key(model: Any, threads: int | None = None) -> str:
+    """Cache key of ``model``'s ``"auto"`` kernel (taken before its linears are replaced): the
+    model (as the cost curves name it), this CPU, torch threads and torch version."""
+    threads = torch.get_num_threads() if threads is None else threads
+    return "_".join(["linear-kernel", model_identity(model), cpu_label(), f"t{threads}",
+                     "torch" + safe(torch.__version__)])
+
+
+def load_kernel_choice(key: str) -> str | None:
+    """The kernel cached for ``key``, or None (a damaged file counts as absent)."""
+    where = profiles_dir()
+    if (where, key) not in _CHOSEN:
+        try:
+            kernel = json.loads((where / f"{key}.json").read_text(encoding="utf-8"))["kernel"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(kernel, str):
+            return None
+        _CHOSEN[where, key] = kernel
+    return _CHOSEN[where, key]
+
+
+def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: tuple[int, ...]) -> None:
+    """Cache ``kernel`` for ``key`` beside the cost curves (atomically), with the seconds of the
+    forwards it was chosen on; a read-only cache keeps it for the process only."""
+    where = profiles_dir()
+    _CHOSEN[where, key] = kernel
+    path = where / f"{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds},
+                                  indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -31,17 +31,15 @@ decoding of that model; against the *unpacked* model a float32 near-tie can flip
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import native_gemm
-from .cache_keys import cpu_label, model_identity, profiles_dir, safe
+from .cache_keys import kernel_choice_key, load_kernel_choice, save_kernel_choice
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: Kernels :func:`pack_linears` can install (``"auto"``: the fastest on this machine).
@@ -193,9 +191,9 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: 
     """The available kernel that runs ``model`` fastest: whole forwards of each of ``rows``
     tokens (:func:`time_model_kernels`), another kernel replacing the incumbent only when it
     is more than :data:`SWITCH_MARGIN` faster (:func:`choose_kernel`). The choice is cached
-    beside the cost curves (:func:`kernel_choice_key`: model, CPU, threads, torch version), so
-    later processes take it without timing; ``refresh`` times again, with
-    the cached choice as the incumbent."""
+    beside the cost curves (:func:`~specframe.cache_keys.kernel_choice_key`: model, CPU,
+    threads, torch version), so later processes take it without timing; ``refresh`` times
+    again, with the cached choice as the incumbent."""
     kernels = available_kernels()
     if not kernels:
         raise RuntimeError("packed linears need a C++ compiler (native kernel) or a torch build with oneDNN "
@@ -210,48 +208,6 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: 
     choice = choose_kernel(seconds, cached if cached in kernels else kernels[0])
     save_kernel_choice(key, choice, seconds, rows)
     return choice
-
-
-#: The "auto" kernel chosen per cache directory and key, for the process (the file is read once).
-_CHOSEN: dict[tuple[Path, str], str] = {}
-
-
-def kernel_choice_key(model: nn.Module, threads: int | None = None) -> str:
-    """Cache key of ``model``'s ``"auto"`` kernel (taken before its linears are replaced): the
-    model (as the cost curves name it), this CPU, torch threads and torch version."""
-    threads = torch.get_num_threads() if threads is None else threads
-    return "_".join(["linear-kernel", model_identity(model), cpu_label(), f"t{threads}",
-                     "torch" + safe(torch.__version__)])
-
-
-def load_kernel_choice(key: str) -> str | None:
-    """The kernel cached for ``key``, or None (a damaged file counts as absent)."""
-    where = profiles_dir()
-    if (where, key) not in _CHOSEN:
-        try:
-            kernel = json.loads((where / f"{key}.json").read_text(encoding="utf-8"))["kernel"]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-        if not isinstance(kernel, str):
-            return None
-        _CHOSEN[where, key] = kernel
-    return _CHOSEN[where, key]
-
-
-def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: tuple[int, ...]) -> None:
-    """Cache ``kernel`` for ``key`` beside the cost curves (atomically), with the seconds of the
-    forwards it was chosen on; a read-only cache keeps it for the process only."""
-    where = profiles_dir()
-    _CHOSEN[where, key] = kernel
-    path = where / f"{key}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds},
-                                  indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
 
 
 def choose_kernel(seconds: dict[str, float], incumbent: str, margin: float = SWITCH_MARGIN) -> str:

@@ -121,7 +121,7 @@ def test_pack_linears_replaces_every_float32_linear_and_keeps_the_weights(kernel
 def cache(tmp_path, monkeypatch):
     """An empty cost-curve cache (where the "auto" kernel choice is kept), as in a new process."""
     monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path))
-    monkeypatch.setattr(packed_linear, "_CHOSEN", {})
+    monkeypatch.setattr(cache_keys, "_CHOSEN", {})
     return tmp_path
 
 
@@ -242,27 +242,27 @@ def test_the_auto_choice_is_cached_with_the_curves_and_read_back_without_timing(
     assert fastest_kernel(model) == "native"  # no cache: the first available is the incumbent
     files = list(cache.rglob("linear-kernel_*.json"))
     assert len(files) == 1 and profile.cache_dir() in files[0].parents
-    monkeypatch.setattr(packed_linear, "_CHOSEN", {})  # a new process reads the file ...
+    monkeypatch.setattr(cache_keys, "_CHOSEN", {})  # a new process reads the file ...
     monkeypatch.setattr(packed_linear, "time_model_kernels", lambda *a, **k: pytest.fail("timed again"))
     assert fastest_kernel(model) == "native"  # ... and times nothing
     monkeypatch.setattr(packed_linear, "time_model_kernels", lambda *a, **k: next(timings))
     assert fastest_kernel(model, refresh=True) == "mkl"
     assert fastest_kernel(model, refresh=True) == "mkl"  # the cached choice is now the incumbent
-    monkeypatch.setattr(packed_linear, "_CHOSEN", {})
+    monkeypatch.setattr(cache_keys, "_CHOSEN", {})
     assert pack_linears(model, "auto") == "mkl" == linear_kernel(model)
 
 
 def test_the_auto_choice_is_keyed_by_model_cpu_threads_and_torch():
     model = tiny_model("llama", seed=0, dtype=torch.float32)
-    key = packed_linear.kernel_choice_key(model, threads=2)
+    key = cache_keys.kernel_choice_key(model, threads=2)
     assert profile.model_label(model) in key and "t2" in key and cache_keys.cpu_label() in key
     assert torch.__version__.replace("+", "-") in key
-    assert packed_linear.kernel_choice_key(model, threads=3) != key
-    assert packed_linear.kernel_choice_key(tiny_model("qwen2", seed=0, dtype=torch.float32), threads=2) != key
+    assert cache_keys.kernel_choice_key(model, threads=3) != key
+    assert cache_keys.kernel_choice_key(tiny_model("qwen2", seed=0, dtype=torch.float32), threads=2) != key
 
 
 def test_a_damaged_kernel_choice_counts_as_absent(cache):
-    key = packed_linear.kernel_choice_key(tiny_model("llama", seed=0, dtype=torch.float32))
+    key = cache_keys.kernel_choice_key(tiny_model("llama", seed=0, dtype=torch.float32))
     (cache / "profiles").mkdir(parents=True)
     (cache / "profiles" / f"{key}.json").write_text("{not json", encoding="utf-8")
-    assert packed_linear.load_kernel_choice(key) is None
+    assert cache_keys.load_kernel_choice(key) is None
