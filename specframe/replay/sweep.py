@@ -67,20 +67,22 @@ def load_sweep(path: str | Path) -> SweepFile:
 
 
 def run_chunk(base: ExperimentConfig, arms: list[ArmConfig], trace_dir: str, out_dir: str,
-              curve: str | None) -> list[dict]:
-    """Replay ``arms`` (plus autoregressive) in one experiment; one result row per arm."""
-    import torch
+              curve: str | None, threads: int | None = 1) -> list[dict]:
+    """Replay ``arms`` (plus autoregressive) in one experiment; one result row per arm.
 
+    ``threads``: torch threads of the replay (1 where several processes share the cores; the
+    drafter's measured time, part of the projection, depends on it)."""
     from ..config import ArmConfig as Arm
     from ..report import write_report
     from .runner import replay_experiment
 
-    torch.set_num_threads(1)  # one process per core: threads would fight
     ar = Arm(name="autoregressive", baseline="autoregressive")
-    config = dataclasses.replace(base, arms=[ar, *arms], warmup=0, threads=1)
+    config = dataclasses.replace(base, arms=[ar, *arms], warmup=0, threads=threads)
     replay_experiment(config, trace_dir, out_dir, curve=curve, progress=False)
     summary = write_report(out_dir, plots=False)
-    return [_row(a, arm) for a in summary["arms"] for arm in arms if a["name"] == arm.name]
+    seconds = summary["replay"].get("replay_seconds", {})
+    return [{**_row(a, arm), "replay_seconds": seconds.get(arm.name)}
+            for a in summary["arms"] for arm in arms if a["name"] == arm.name]
 
 
 def _row(summary_arm: dict, arm: ArmConfig) -> dict:
@@ -113,7 +115,10 @@ def run_sweep(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, ray_addres
     out_dir.mkdir(parents=True, exist_ok=True)
     done = done_names(out_dir)
     todo = [c for c in sweep.configs if c.name not in done]
-    jobs = [(sweep.base, group, str(trace_dir), str(out_dir / "chunks" / f"{i:04d}"), None if curve is None else str(curve))
+    # One process alone keeps the experiment's threads; several share the cores one thread each.
+    threads = sweep.base.threads if not ray_address and int(workers) == 1 else 1
+    jobs = [(sweep.base, group, str(trace_dir), str(out_dir / "chunks" / f"{i:04d}"),
+             None if curve is None else str(curve), threads)
             for i, group in enumerate(chunks(todo, sweep.chunk))]
     runner = _ray_results if ray_address else _local_results
     with (out_dir / RESULTS).open("a", encoding="utf-8") as results:
@@ -136,6 +141,10 @@ def _local_results(jobs: list[tuple], workers: Any) -> Iterator[list[dict]]:
     import multiprocessing
 
     if not jobs:
+        return
+    if int(workers) == 1:  # in this process: no interpreter to start, same results
+        for job in jobs:
+            yield run_chunk(*job)
         return
     with ProcessPoolExecutor(max_workers=int(workers), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(run_chunk, *job) for job in jobs]
