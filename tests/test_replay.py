@@ -127,3 +127,32 @@ def test_builtin_drafters_declare_replay() -> None:
     assert reg.get("drafters", "ngram").replay == "exact"
     assert reg.get("drafters", "model").replay == "exact"
     assert reg.get("drafters", "eagle3").replay == "approximate"
+
+
+def test_rest_fit_recovers_a_line_and_never_goes_negative() -> None:
+    from specframe.replay.projection import fit_rest
+
+    a, b = fit_rest([(1, 0.002), (3, 0.004), (5, 0.006)])  # 2 ms + 1 ms per drafted node
+    assert a == pytest.approx(0.002) and b == pytest.approx(0.001)
+    assert fit_rest([(1, 0.003), (5, 0.001)])[1] == 0.0
+    assert fit_rest([]) == (0.0, 0.0)
+
+
+def test_projected_policy_writes_curve_times_into_the_steps() -> None:
+    from specframe.interfaces import StepStats
+    from specframe.profile import CostCurve
+    from specframe.replay.projection import ProjectedPolicy, StepModel
+
+    curve = CostCurve("c", [1, 2, 4], [0, 100], [[1.0, 2.0, 4.0], [2.0, 3.0, 5.0]])
+    model = StepModel(curve, "test", rest_fixed=0.5, rest_per_node=0.25, curve_scale=2.0)
+
+    class Target:
+        last_context = 51  # 50 cached tokens: halfway between the rows
+
+    policy = ProjectedPolicy(make_plugin("policies", ("chain", {"gamma": 3})), model, Target())
+    step = StepStats(tree_size=2, depth=1, accepted=1, emitted=2, draft_forwards=1, draft_time=0.1,
+                     policy_time=0.0, target_time=0.01, verify_time=0.02, other_time=0.0, widths=[1, 1],
+                     accepted_ranks=[0], budget_cut=0)
+    policy.observe(step)
+    assert step.target_time == pytest.approx(2.0 * 2.5) and step.verify_time == pytest.approx(0.75)
+    assert policy.replaced == pytest.approx(0.03) and policy.added == pytest.approx(5.75)

@@ -133,3 +133,32 @@ def test_sweep_local_then_ray_identical(recorded) -> None:
     finally:
         ray.shutdown()
     assert _exact_part(on_ray) == _exact_part(local)
+
+
+def test_sweep_without_ray_says_how_to_install(recorded, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    result = CliRunner().invoke(cli, ["sweep", str(recorded / "sweep.toml"), "--replay", str(recorded / "trace"),
+                                      "--out", str(recorded / "no-ray"), "--ray"])
+    assert result.exit_code == 1
+    assert "pip install 'specframe[ray]'" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_replay_with_another_curve_says_which(recorded) -> None:
+    tmp = recorded
+    result = CliRunner().invoke(cli, ["run", str(tmp / "exp.toml"), "--replay", str(tmp / "trace"), "--curve",
+                                      str(tmp / "trace" / "curve.json"), "--out", str(tmp / "curve-run"),
+                                      "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert str(tmp / "trace" / "curve.json") in (tmp / "curve-run" / "report.md").read_text()
+
+
+def test_sampling_verifier_is_refused_in_one_line(recorded) -> None:
+    tmp = recorded
+    sampled = tmp / "sampled.toml"
+    sampled.write_text(textwrap.dedent(CONFIG).replace(
+        'policy_options = { gamma = 3 }', 'policy_options = { gamma = 3 }\nverifier = "sampling"'))
+    result = CliRunner().invoke(cli, ["run", str(sampled), "--replay", str(tmp / "trace"), "--out", str(tmp / "s")])
+    assert result.exit_code == 1
+    assert "greedy-only" in result.output and len(result.output.strip().splitlines()) == 1
