@@ -140,7 +140,10 @@ class RecycleDrafter(Drafter):
         tokens = tokens.to(self.ids.device, torch.long)
         logits = logits.to(self.ids.device)
         values, ids = torch.topk(logits, min(k, vocab), dim=-1)
-        logp = (values - torch.logsumexp(logits, dim=-1, keepdim=True)).float()
+        # log-softmax of the kept entries; the top value doubles as logsumexp's shift (one
+        # pass over the [n, V] block fewer: at V = 49152 each pass is 30-40 us a row on a CPU).
+        top = values[:, :1]
+        logp = (values - top - (logits - top).exp_().sum(dim=-1, keepdim=True).log_()).float()
         ids, logp = canonical_rows(ids, logp, k, vocab)
         rows = torch.where(last_writers(tokens, priority, vocab), tokens, vocab)
         self.ids[rows] = ids

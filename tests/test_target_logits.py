@@ -133,3 +133,25 @@ def test_last_logits_only_is_the_full_forwards_last_row():
     assert got.shape == (1, 1, model.config.vocab_size)
     assert torch.allclose(got[0, -1], want, atol=1e-10, rtol=0)  # a 1-row GEMM may round apart
     assert last.cache_len == full.cache_len == len(tokens)
+
+
+def test_the_documented_table_drafter_runs_and_learns():
+    """docs/drafters.md's worked example (the adjacency-table update) stays true: lossless, and
+    it fills rows from the verifier's logits."""
+    import math
+    import re
+    from pathlib import Path
+
+    from specframe.testing.harness import greedy_reference
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "drafters.md").read_text(encoding="utf-8")
+    code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "class TableDrafter" in block)
+    namespace = {"specframe": specframe, "torch": torch, "math": math}
+    exec(compile(code, "docs/drafters.md", "exec"), namespace)
+    model = tiny_target()
+    target = specframe.TargetModel(model)
+    drafter = namespace["TableDrafter"](None, target)
+    dec = specframe.SpecDecoder.build(target=target, drafter=drafter, policy="talon")
+    prompt = [4, 9, 12, 30, 2, 17, 9, 12]
+    assert dec.generate(prompt, max_new_tokens=16, eos_token_id=None).tokens == greedy_reference(model, prompt, 16, None)
+    assert int(torch.isfinite(drafter.logp[:-1]).any(-1).sum()) > 5
