@@ -37,3 +37,9 @@ def register_commands(cli: Any) -> None:
     Called once by ``specframe.cli.main`` before the group runs. The built-in drafters add
     ``train-eagle`` this way: the core never imports a command by name.
     """
+
+
+@hookspec
+def register_batch_allocators(register: Callable[[type], None]) -> None:
+    """Register :class:`specframe.batch_allocate.BatchAllocator` subclasses (how batched decoding
+    splits one node budget across the live sequences of a step): ``register(AllocatorClass)``."""

@@ -38,6 +38,15 @@ class StepRead:
 
 def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> StepRead:
     """One device-to-host read for the verdict ``(last, bonus)`` of ``tree`` and flag ``ok``."""
+    packed, path = pack_step(tree, last, bonus, ok)
+    return unpack_step(len(tree), packed.tolist(), path)
+
+
+def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor,
+              ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's record as one device tensor of ``2 + 4 n`` ints, and the path tensor (-1
+    padded) it lists; batched decoding concatenates the records of all sequences and reads
+    them in one transfer (:func:`unpack_step` parses each slice)."""
     n = len(tree)
     on_path = tree.ancestor_mask()[last]
     # Ancestors have distinct depths, so scattering node ids by depth lists the path in order;
@@ -51,7 +60,12 @@ def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     safe = path.clamp(min=0)
     packed = torch.cat([
         ok.reshape(1).long(), bonus.reshape(1).long(), path, tree.tokens[safe], tree.ranks[safe], widths,
-    ]).tolist()
+    ])
+    return packed, path
+
+
+def unpack_step(n: int, packed: list[int], path: torch.Tensor) -> StepRead:
+    """The :class:`StepRead` of a host copy of :func:`pack_step`'s record for an ``n``-node tree."""
     length = sum(1 for p in packed[2 : 2 + n] if p >= 0)
     nodes = packed[2 : 2 + length]
     tokens = packed[2 + n + 1 : 2 + n + length]

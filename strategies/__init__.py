@@ -18,3 +18,12 @@ def register_tree_policies(register):
     for policy in (TalonPolicy, EaglePolicy, StaticPolicy, OptTreePolicy, SequoiaPolicy):
         register(policy)
     register(SampledTreePolicy)
+
+
+@hookimpl
+def register_batch_allocators(register):
+    """Register the built-in batch allocators (see specframe.batch_allocate)."""
+    from .allocators import EqualSplit, SharedBudget
+
+    register(EqualSplit)
+    register(SharedBudget)

@@ -1,0 +1,268 @@
+"""Batched speculative decoding: B sequences, one tree each, verified in ONE target forward.
+
+Each live sequence keeps its own drafter and policy (built by factories, the decoder's own
+pair serving the first row), so its trees are what it would draft alone. A step asks the
+batch allocator (:mod:`specframe.batch_allocate`) for every sequence's budget, builds the
+trees, lets the allocator trim them to the batch budget, verifies them all in one forward
+over the ragged batch cache (:class:`specframe.batch_kv.BatchKV`), reads every verdict in one
+transfer, keeps each accepted path and drops sequences that reached EOS or their token limit.
+Design and figure: docs/batching.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .batch_allocate import BatchAllocator, make_allocator
+from .batch_kv import BatchKV
+from .contract import EngineError, checked_decision, reject_tree, tree_flag
+from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy
+from .step_read import pack_step, unpack_step
+
+
+@dataclass
+class BatchOutput:
+    """Result of one batched generation.
+
+    Attributes:
+        outputs: one :class:`GenerationOutput` per prompt, in prompt order (``wall_time`` = the
+            time from the batch's start to the step that finished that sequence: its latency).
+        step_times: wall time of every batch step (prefill excluded).
+        wall_time: the whole call.
+    """
+
+    outputs: list[GenerationOutput]
+    step_times: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens emitted over all sequences."""
+        return sum(len(o.tokens) for o in self.outputs)
+
+    @property
+    def throughput(self) -> float:
+        """Total tokens per second of wall time."""
+        return self.total_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+
+def _options_dict(options: Any) -> dict[str, Any]:
+    """A plugin's options as the dict that rebuilds them (values shared, not deep-copied: a
+    drafter's model instance must not be copied)."""
+    return {f.name: getattr(options, f.name) for f in fields(options)} if options is not None else {}
+
+
+def rebuild_drafter(decoder: SpecDecoder) -> Drafter:
+    """A fresh drafter like the decoder's, from its registered name and options (own state)."""
+    drafter = decoder.drafter
+    return make_plugin("drafters", (drafter.name, _options_dict(drafter.options)), decoder.target)
+
+
+def rebuild_policy(decoder: SpecDecoder) -> TreePolicy:
+    """A fresh policy like the decoder's (own adaptive state), attached to the target."""
+    policy = make_plugin("policies", (decoder.policy.name, _options_dict(decoder.policy.options)))
+    policy.attach(decoder.target)
+    return policy
+
+
+@dataclass
+class _Row:
+    """One sequence of the batch while it decodes."""
+
+    index: int
+    drafter: Drafter
+    policy: TreePolicy
+    committed: list[int]
+    out: GenerationOutput
+
+
+class BatchDecoder:
+    """Batched generation over a :class:`SpecDecoder`'s target, policy, drafter and verifier.
+
+    ``allocator``: a registered allocator name, ``(name, {options})`` or instance (``equal``
+    without a ``budget`` = every sequence builds as it would alone). ``drafter_factory`` /
+    ``policy_factory``: build row 2, 3, ...'s own drafter / policy from the decoder (default:
+    from the registered name and options, so a path-given draft model loads once per row).
+    Rows are reused across calls (each generation calls ``begin`` / ``reset``).
+    """
+
+    def __init__(
+        self, decoder: SpecDecoder, allocator: Any = "equal",
+        drafter_factory: Callable[[SpecDecoder], Drafter] = rebuild_drafter,
+        policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy,
+    ) -> None:
+        self.decoder = decoder
+        self.allocator_spec = allocator
+        self.allocator: BatchAllocator = make_allocator(allocator)
+        self._drafter_factory = drafter_factory
+        self._policy_factory = policy_factory
+        self._drafters: list[Drafter] = [decoder.drafter]
+        self._policies: list[TreePolicy] = [decoder.policy]
+
+    def _slot(self, b: int) -> tuple[Drafter, TreePolicy]:
+        while len(self._drafters) <= b:
+            self._drafters.append(self._drafter_factory(self.decoder))
+            self._policies.append(self._policy_factory(self.decoder))
+        return self._drafters[b], self._policies[b]
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
+                 eos_token_id: int | Sequence[int] | None = -1,
+                 generator: torch.Generator | None = None) -> BatchOutput:
+        """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
+
+        ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``generator``: shared by all rows
+        (a sampling verifier's per-sequence seeds are not supported yet).
+        """
+        dec = self.decoder
+        if not prompts:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        ids = [_as_prompt(p) for p in prompts]
+        for b, prompt in enumerate(ids):
+            need = len(prompt) + max_new_tokens
+            if need > dec.target.max_positions:
+                raise ValueError(f"prompt {b} ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) "
+                                 f"= {need} exceeds the target's {dec.target.max_positions} positions")
+        eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
+        start = time.perf_counter()
+        kv = BatchKV(dec.target)
+        rows = self._begin(kv, ids)
+        result = BatchOutput(outputs=[row.out for row in rows])
+        while rows:
+            t0 = time.perf_counter()
+            rows = self._step(kv, rows, max_new_tokens, eos, generator, start)
+            result.step_times.append(time.perf_counter() - t0)
+        result.wall_time = time.perf_counter() - start
+        return result
+
+    def _begin(self, kv: BatchKV, ids: list[torch.Tensor]) -> list[_Row]:
+        """Prefill all prompts in one forward and begin every row's drafter and policy."""
+        dec = self.decoder
+        prefill = kv.prefill([p[:-1] for p in ids], hidden=dec._needs_hidden)
+        rows = []
+        for b, prompt in enumerate(ids):
+            drafter, policy = self._slot(b)
+            n = len(prompt) - 1
+            hidden = logits = None
+            if n > 0 and dec._needs_hidden:
+                hidden = tuple(h[b : b + 1, :n] for h in prefill.hidden_states)
+            if n > 0 and dec._needs_logits:
+                logits = prefill.logits[b, :n]
+            kw = {"target_logits": logits} if getattr(drafter, "needs_target_logits", False) else {}
+            drafter.begin(prompt, target_hidden=hidden, **kw)
+            policy.reset()
+            rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[])))
+        return rows
+
+    def _build(self, rows: list[_Row], generator: torch.Generator | None) -> tuple[list, list, list[int]]:
+        """Every row's tree under the allocator's budgets, trimmed to the batch budget."""
+        dec = self.decoder
+        caps = [min(r.policy.max_budget, dec.target.max_positions - (len(r.committed) - 1)) for r in rows]
+        total = self.allocator.total(caps)
+        if total < len(rows):
+            raise ValueError(f"allocator {self.allocator.name!r}: batch budget {total} is below the "
+                             f"{len(rows)} live sequences (each tree needs its root)")
+        limits = self.allocator.budgets(caps, [r.out.steps for r in rows], total)
+        if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
+            raise EngineError(f"allocator {self.allocator.name!r} returned budgets {limits} outside [1, {caps}]")
+        sessions, trees = [], []
+        for row, limit in zip(rows, limits):
+            session = DraftSession(row.drafter, row.committed[-1], dec.target.device, generator,
+                                   context_len=len(row.committed))
+            sessions.append(session)
+            trees.append(row.policy.build(session, limit))
+        trees = self.allocator.trim(trees, total)
+        if sum(len(t) for t in trees) > total:
+            raise EngineError(f"allocator {self.allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "
+                              f"over the batch budget {total}")
+        return trees, sessions, limits
+
+    def _step(self, kv: BatchKV, rows: list[_Row], max_new: int, eos: set[int],
+              generator: torch.Generator | None, start: float) -> list[_Row]:
+        """One batched step; returns the rows still decoding."""
+        dec = self.decoder
+        t0 = time.perf_counter()
+        trees, sessions, limits = self._build(rows, generator)
+        flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, dec.strict)
+                 for r, t, lim in zip(rows, trees, limits)]
+        t1 = time.perf_counter()
+        tree_start = kv.width
+        out = kv.tree_forward(trees, hidden=dec._needs_hidden)
+        t2 = time.perf_counter()
+        reads = self._verify_and_read(rows, trees, limits, flags, out.logits, generator)
+        t3 = time.perf_counter()
+        paths: list[torch.Tensor | None] = []
+        counts: list[int] = []
+        for b, (row, tree, read) in enumerate(zip(rows, trees, reads)):
+            emitted = self._cut(read.tokens, max_new - len(row.out.tokens), eos)
+            finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
+                or any(t in eos for t in emitted)
+            paths.append(None if finished else read.path)
+            hidden = tuple(h[b : b + 1, : len(tree)] for h in out.hidden_states) if dec._needs_hidden else None
+            kw = {"target_logits": out.logits[b, : len(tree)]} if getattr(row.drafter, "needs_target_logits", False) else {}
+            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree, **kw)
+            counts.append(len(emitted))
+            row.committed += emitted
+            row.out.tokens += emitted
+            row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
+        kv.keep(paths, tree_start)
+        t4 = time.perf_counter()
+        live = []
+        for row, tree, read, session, limit, count, path in zip(rows, trees, reads, sessions, limits, counts, paths):
+            stats = StepStats(
+                tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
+                emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
+                policy_time=(t1 - t0) - session.draft_time, target_time=t2 - t1, verify_time=t3 - t2,
+                other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
+                budget_cut=row.policy.max_budget - limit,
+            )
+            row.out.steps.append(stats)
+            row.policy.observe(stats)
+            if path is None:
+                row.out.wall_time = time.perf_counter() - start
+            else:
+                live.append(row)
+        return live
+
+    def _verify_and_read(self, rows, trees, limits, flags, logits, generator) -> list:
+        """Verify every row, then read all verdicts in ONE device-to-host transfer."""
+        dec = self.decoder
+        records, paths = [], []
+        for b, (row, tree, limit, ok) in enumerate(zip(rows, trees, limits, flags)):
+            try:
+                last, bonus = checked_decision(dec.verifier.name, tree,
+                                               dec.verifier.verify(tree, logits[b, : len(tree)], generator),
+                                               dec.target.vocab_size, dec.strict)
+            except Exception:
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise
+            packed, path = pack_step(tree, last, bonus, ok)
+            records.append(packed)
+            paths.append(path)
+        flat = torch.cat(records).tolist()  # the step's one host read
+        reads, at = [], 0
+        for row, tree, limit, path in zip(rows, trees, limits, paths):
+            size = 2 + 4 * len(tree)
+            read = unpack_step(len(tree), flat[at : at + size], path)
+            at += size
+            if not read.ok:
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
+            reads.append(read)
+        return reads
+
+    @staticmethod
+    def _cut(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:
+        """The tokens a row emits: at most ``remaining``, ending at its first EOS."""
+        emitted = tokens[:remaining]
+        for i, tok in enumerate(emitted):
+            if tok in eos:
+                return emitted[: i + 1]
+        return emitted

@@ -1,0 +1,103 @@
+"""Batch allocators: how batched decoding splits one node budget across the live sequences.
+
+A :class:`BatchAllocator` is a plugin kind of its own, registered through the
+``register_batch_allocators`` hook (the built-ins ``equal`` and ``shared`` live in
+``specframe.strategies.allocators`` and register exactly as a third party would). Each step the
+batch engine asks it for every live sequence's build budget, lets each policy build its tree,
+then hands the trees to :meth:`BatchAllocator.trim`, which must return trees whose sizes sum to
+at most the batch budget (the engine checks this and names the allocator if not).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from .interfaces import StepStats
+from .options import build_options
+from .tree import DraftTree
+
+
+@dataclass
+class AllocatorOptions:
+    """Options every allocator takes.
+
+    Attributes:
+        budget: nodes (roots included) of all trees of one step together; None = no batch-wide
+            limit (every sequence builds up to its policy's own budget).
+    """
+
+    budget: int | None = None
+
+
+class BatchAllocator(ABC):
+    """Splits one step's node budget across the live sequences of a batch."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = AllocatorOptions
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    def total(self, caps: Sequence[int]) -> int:
+        """This step's batch budget: the ``budget`` option, or the sum of the sequences' caps."""
+        budget = getattr(self.options, "budget", None)
+        return sum(caps) if budget is None else int(budget)
+
+    @abstractmethod
+    def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
+        """The build budget of each live sequence, each in ``[1, caps[b]]``.
+
+        ``caps[b]``: the most nodes sequence b's tree may have (its policy's budget, or the room
+        left in its context); ``history[b]``: its steps so far; ``total`` >= ``len(caps)``.
+        """
+
+    def trim(self, trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
+        """The trees to verify, sizes summing to at most ``total`` (default: as built)."""
+        return list(trees)
+
+
+def water_fill(caps: Sequence[int], total: int) -> list[int]:
+    """``total`` nodes dealt one at a time round-robin to the rows below their cap: an equal
+    split that hands a capped row's share to the others. Every row gets at least 1."""
+    shares = [1] * len(caps)
+    left = total - len(caps)
+    while left > 0:
+        open_rows = [b for b, cap in enumerate(caps) if shares[b] < cap]
+        if not open_rows:
+            break
+        for b in open_rows[:left]:
+            shares[b] += 1
+        left -= min(left, len(open_rows))
+    return shares
+
+
+def allocator_classes() -> dict[str, type]:
+    """Every registered allocator class by name (through the plugin registry's hook)."""
+    from .plugins import PluginError, get_registry
+
+    found: dict[str, type] = {}
+
+    def register(cls: type) -> None:
+        name = getattr(cls, "name", "")
+        if not name:
+            raise PluginError(f"allocator class {cls.__qualname__} has no `name`")
+        if name in found and found[name] is not cls:
+            raise PluginError(f"allocator name {name!r} registered twice ({found[name].__qualname__}, {cls.__qualname__})")
+        found[name] = cls
+
+    get_registry().pm.hook.register_batch_allocators(register=register)
+    return found
+
+
+def make_allocator(spec: Any) -> BatchAllocator:
+    """An allocator from a name, ``(name, {options})`` or an instance."""
+    if isinstance(spec, BatchAllocator):
+        return spec
+    name, values = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1] or {}))
+    classes = allocator_classes()
+    if name not in classes:
+        raise ValueError(f"unknown allocator {name!r}; available allocators: {', '.join(sorted(classes))}")
+    cls = classes[name]
+    return cls(build_options(cls.Options, values, f"allocator {name!r}"))

@@ -1,0 +1,139 @@
+"""The target's KV cache for a batch of sequences of ragged lengths (docs/batching.md).
+
+Layout: one transformers cache ``[B, H, S, D]`` whose row ``b`` holds its sequence's committed
+prefix in columns ``[0, lengths[b])``; columns past that are stale (a shorter prompt's padding,
+or tree nodes left from a step that accepted less) and every query masks them out. A step
+appends all trees at columns ``[S, S + n_max)``; :meth:`BatchKV.keep` then moves each row's
+accepted path right behind its prefix, drops rows that left the batch and crops the columns to
+the longest live prefix. Each row's keys are exactly those of the same sequence decoded alone,
+so a sequence's output does not depend on its companions (up to float rounding of other shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .target import TargetModel
+from .tree import DraftTree
+
+
+class BatchKV:
+    """Batched prefill, packed tree forward and ragged compaction over one :class:`TargetModel`."""
+
+    def __init__(self, target: TargetModel) -> None:
+        if target.sliding_window is not None:
+            raise ValueError(
+                f"{target.architecture}: batched decoding does not support sliding-window layers yet "
+                "(the per-row window mask is not built); decode its sequences one at a time"
+            )
+        self.target = target
+        self.cache: Any = None
+        self.lengths: list[int] = []
+
+    @property
+    def width(self) -> int:
+        """Columns ``S`` of the cache (the longest row's prefix after a :meth:`keep`)."""
+        layer = self.cache.layers[0] if self.cache is not None and self.cache.layers else None
+        keys = getattr(layer, "keys", None)
+        return 0 if keys is None or keys.dim() != 4 else int(keys.shape[-2])
+
+    def _attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """``[B, q, k]`` bool visibility as the 4D mask the model's attention takes."""
+        if self.target.attn_implementation != "eager":
+            return visible[:, None]
+        zero = torch.zeros((), dtype=self.target.dtype, device=self.target.device)
+        return torch.where(visible, zero, torch.finfo(self.target.dtype).min)[:, None]
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                 hidden: bool) -> Any:
+        t = self.target
+        return t._call(input_ids=tokens.to(t.device), position_ids=positions.to(t.device),
+                       attention_mask=self._attention_mask(visible.to(t.device)), use_cache=True,
+                       output_hidden_states=hidden, **{t._cache_kw: self.cache})
+
+    @torch.inference_mode()
+    def prefill(self, prefixes: Sequence[torch.Tensor], hidden: bool = False) -> Any:
+        """Start a batch: forward each row's ``prefix`` (its prompt without the root), right-padded.
+
+        Returns the model output (``logits`` ``[B, P, V]``, rows past a prefix are padding), or
+        None when every prefix is empty (one-token prompts).
+        """
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.lengths = [int(p.numel()) for p in prefixes]
+        width = max(self.lengths)
+        if width == 0:
+            return None
+        rows = len(prefixes)
+        tokens = torch.zeros(rows, width, dtype=torch.long)
+        for b, prefix in enumerate(prefixes):
+            tokens[b, : prefix.numel()] = prefix
+        lengths = torch.tensor(self.lengths)
+        cols = torch.arange(width)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        # A key past a row's prefix is padding; a padding query still sees keys (no empty softmax row).
+        visible = causal[None] & ((cols[None, None, :] < lengths[:, None, None]) | (cols[None, :, None] >= lengths[:, None, None]))
+        return self._forward(tokens, cols.expand(rows, width), visible, hidden)
+
+    @torch.inference_mode()
+    def tree_forward(self, trees: Sequence[DraftTree], hidden: bool = False) -> Any:
+        """All rows' trees in ONE forward: ``[B, n_max]`` tokens, per-row positions, 4D mask.
+
+        Row ``b``'s node ``i`` sees its row's prefix (``lengths[b]`` columns) and its ancestors;
+        padding nodes see only themselves. Logits ``[B, n_max, V]``: row b's first ``len(trees[b])``.
+        """
+        rows, width = len(trees), self.width
+        n_max = max(len(tree) for tree in trees)
+        device = self.target.device
+        tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
+        positions = torch.zeros(rows, n_max, dtype=torch.long, device=device)
+        visible = torch.zeros(rows, n_max, width + n_max, dtype=torch.bool, device=device)
+        visible[:, :, width:] = torch.eye(n_max, dtype=torch.bool, device=device)
+        for b, tree in enumerate(trees):
+            n, length = len(tree), self.lengths[b]
+            tokens[b, :n] = tree.tokens
+            # The prefix holds length = L - 1 entries; the root sits at position L - 1.
+            positions[b, :n] = tree.positions(length + 1)
+            positions[b, n:] = length
+            visible[b, :n, :length] = True
+            visible[b, :n, width : width + n] = tree.ancestor_mask()
+        top = max(length + len(tree) - 1 for length, tree in zip(self.lengths, trees))
+        if top >= self.target.max_positions:
+            raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
+        return self._forward(tokens, positions, visible, hidden)
+
+    @torch.inference_mode()
+    def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int) -> None:
+        """Keep row ``b``'s accepted ``paths[b]`` (node indices, root first) behind its prefix,
+        drop the rows whose path is None (they left the batch) and crop to the longest prefix.
+
+        ``tree_start``: the column where this step's trees began (:attr:`width` before the forward).
+        """
+        live = [b for b, p in enumerate(paths) if p is not None]
+        device = self.target.device
+        rows, dst, src = [], [], []
+        for b in live:
+            path = paths[b].to(device, torch.long)
+            k = int(path.numel())
+            rows.append(torch.full((k,), b, dtype=torch.long, device=device))
+            dst.append(torch.arange(self.lengths[b], self.lengths[b] + k, device=device))
+            src.append(tree_start + path)
+            self.lengths[b] += k
+        new_lengths = [self.lengths[b] for b in live]
+        width = max(new_lengths, default=0)
+        index = torch.tensor(live, dtype=torch.long, device=device)
+        moves = (torch.cat(rows), torch.cat(dst), torch.cat(src)) if rows else None
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.dim() != 4:
+                continue
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                if moves is not None:
+                    r, d, s = moves
+                    # Advanced indexing on the right copies first, so overlapping slots are safe.
+                    kv[r, :, d] = kv[r, :, s]
+                setattr(layer, name, kv[index, :, :width])
+        self.lengths = new_lengths
