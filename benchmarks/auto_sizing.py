@@ -204,7 +204,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (``--smoke`` shrinks everything to seconds on the demo pair)."""
     parser = argparse.ArgumentParser(description="issue 16 acceptance tables (one interleaved run per table)")
     parser.add_argument("--pair", choices=sorted(PAIRS), default="smollm2")
-    parser.add_argument("--drafter", default="ngram", help="ngram | eagle3 | model (demo pair)")
+    drafters = "; ".join(f"{pair}: {' | '.join(sorted(spec['drafters']))}" for pair, spec in sorted(PAIRS.items()))
+    parser.add_argument("--drafter", default="ngram", help=f"a drafter of the pair's PAIRS entry ({drafters})")
     parser.add_argument("--table", choices=("talon", "chain"), default="talon")
     parser.add_argument("--limit", type=int, default=20, help="prompts (default 20)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
