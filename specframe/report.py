@@ -86,6 +86,13 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
 def notice_lines(summary: dict) -> list[str]:
     """What the run capped or left out: budgets cut by the context, skipped prompts."""
     out = []
+    replay = summary.get("replay")
+    if replay:
+        out.append(f"every arm was replayed over {replay['trace']} (curve: {replay['curve']}); auto-sized policies "
+                   "(budget, mu or gamma = \"auto\") decide from the projected step times there, so their trees "
+                   "can differ from a live run's (docs/replay.md)")
+        if replay.get("not_replayed"):
+            out.append(f"not replayed (they run the target through transformers): {', '.join(replay['not_replayed'])}")
     for arm in summary["arms"]:
         cut = arm.get("budget_cuts") or {}
         if cut.get("steps"):
