@@ -31,7 +31,7 @@ RECORD_DRAFTER = ("ngram", {})
 RECORD_POLICY = ("chain", {"gamma": 4})
 #: Tokens decoded past max_new_tokens (at least; the largest policy budget of the file if more).
 MIN_EXTRA = 16
-MAX_EXTRA = 128
+MAX_EXTRA = 64
 
 
 def experiment_settings(config: ExperimentConfig) -> dict:
