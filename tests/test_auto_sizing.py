@@ -385,6 +385,21 @@ def test_one_outlying_rest_does_not_tilt_the_fitted_part_per_node():
     assert sizer.node_overhead < 0.0002 * 2
 
 
+def test_a_per_node_rest_fitted_on_outliers_fades_over_plain_steps():
+    """A slope of 0.1 s a node (garbage: a loaded machine's pauses) sends plain steps only, and
+    plain steps can never refit it: it must fade, or the sizer stays at the root for good."""
+    tree = chain_tree(8, 0.9)
+    sizer = sizer_with(CostCurve.synthetic(lambda n: 0.01 * (1 + 0.02 * (n - 1))), 0.9)
+    sizer.observe_timing(1, None, _verified(chain_tree(1, 1.0), 0, 0.011, 0.01))  # a rate: not the first step
+    sizer.node_overhead = 0.1
+    assert len(sizer.prune(tree, _Session())) == 1
+    root = chain_tree(1, 1.0)
+    for _ in range(60):
+        sizer.prune(root, _Session(), choose=False)
+        sizer.observe(_verified(root, accepted=0, total=0.0105, target=0.01))
+    assert sizer.node_overhead < 1e-3 and len(sizer.prune(tree, _Session())) > 1
+
+
 def test_rest_per_node_keeps_a_smaller_tree():
     tree = chain_tree(16, 0.9)
     sizer = sizer_with(CostCurve.synthetic(lambda n: 0.01 * (1 + 0.02 * (n - 1))), 0.6)

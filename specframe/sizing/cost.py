@@ -191,6 +191,10 @@ class CostModel:
         variance = exx - ex * ex
         if variance >= MIN_SIZE_VARIANCE:
             self.node_overhead = max((exr - ex * er) / variance, 0.0)
+        elif x == 0:
+            # A plain step shows nothing per node: the last slope fades, so one fitted on outliers
+            # cannot keep every tree at the root (and the sizes from varying again) for good.
+            self.node_overhead *= 1.0 - EMA
         fixed = rest - self.node_overhead * x
         self.overhead = fixed if first else self.overhead + EMA * (fixed - self.overhead)
 
