@@ -128,3 +128,15 @@ def test_a_step_counts_one_draft_forward_per_call_for_all_parts():
         runs[str(drafter)] = [s.draft_forwards for s in out.steps]
     assert all(f <= 3 for fs in runs.values() for f in fs)
     assert max(runs[str(("hybrid", {"drafters": ["ngram", "recycle"]}))]) == 3
+
+
+@pytest.mark.parametrize("policy", [("talon", {"budget": "auto", "mu": "auto"}), ("chain", {"gamma": "auto"})])
+def test_auto_sized_policies_run_lossless_on_merged_rows(policy):
+    from specframe.testing.harness import greedy_reference
+
+    model = tiny_target()
+    dec = specframe.SpecDecoder.build(target=specframe.TargetModel(model), drafter="hybrid", policy=policy,
+                                      strict=True)
+    for prompt in ([4, 9, 12, 30, 2, 17, 9, 12, 30, 2], [5, 5, 5]):
+        out = dec.generate(prompt, max_new_tokens=24, eos_token_id=None)
+        assert out.tokens == greedy_reference(model, prompt, 24, None)
