@@ -1,7 +1,7 @@
-"""Acceptance tables of issue 16: do the "auto" sizes keep up with the best fixed size?
+"""Acceptance tables of the "auto" sizes: do they keep up with the best fixed size?
 
 One table = ONE interleaved experiment (every arm on every prompt in turn, the harness of
-``specframe run``), printed with the checks of the issue:
+``specframe run``), printed with its pass/fail checks:
 
 * ``--table talon``: talon over N in {4, 8, 16, 32, 60} x mu in {0.01, 0.03, 0.1, 0.3}, plus
   ``budget="auto", mu="auto"``; passes when auto reaches >= 95% of the best fixed arm's tokens/s.
@@ -130,7 +130,7 @@ def best_fixed(arms: dict[str, dict], table: str) -> str:
 
 
 def checks(arms: dict[str, dict], table: str, drafter: str) -> list[str]:
-    """The issue's pass/fail lines for one table."""
+    """The pass/fail lines for one table (the bars of the module docstring)."""
     auto_name = auto_arm(table)[0]
     auto = arms[auto_name]["tokens_per_s"]
     best_name = best_fixed(arms, table)
@@ -202,7 +202,7 @@ def table_text(summary: dict, args: argparse.Namespace, curve_key: str, wall: fl
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (``--smoke`` shrinks everything to seconds on the demo pair)."""
-    parser = argparse.ArgumentParser(description="issue 16 acceptance tables (one interleaved run per table)")
+    parser = argparse.ArgumentParser(description="acceptance tables of the auto sizes (one interleaved run per table)")
     parser.add_argument("--pair", choices=sorted(PAIRS), default="smollm2")
     drafters = "; ".join(f"{pair}: {' | '.join(sorted(spec['drafters']))}" for pair, spec in sorted(PAIRS.items()))
     parser.add_argument("--drafter", default="ngram", help=f"a drafter of the pair's PAIRS entry ({drafters})")

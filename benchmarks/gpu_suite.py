@@ -1,4 +1,4 @@
-"""One prepared benchmark for a lent GPU (one H200, 15 minutes of device time in all).
+"""One prepared benchmark for a GPU machine (sized for one H200 and 15 minutes of device time).
 
 Full mode finishes in under 8 minutes and writes ONE JSON file plus a short text summary:
 
@@ -16,7 +16,7 @@ Full mode finishes in under 8 minutes and writes ONE JSON file plus a short text
    every tree checked on the host; growing KV cache) vs the fast one (one host read per step,
    pre-allocated KV cache), and the demo target eager vs ``torch.compile``d (compile time,
    ms per generated token, whether the tokens agree);
-6. hardware-aware sizes (issue 16): the cost curve ``specframe profile`` measures for the demo
+6. hardware-aware sizes: the cost curve ``specframe profile`` measures for the demo
    target on this device, and the ``gamma="auto"`` / ``budget="auto", mu="auto"`` arms, which
    also run in sections 2 (8B shape, random draft: nothing to accept, so auto should send
    plain steps) and 3 (demo pair: a flat GPU curve should give larger trees than on a CPU),

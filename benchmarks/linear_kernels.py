@@ -1,6 +1,6 @@
 """T(n)/T(1) of a target's tree forward with each linear kernel, interleaved in one run.
 
-Issue 16 item 4: a tree forward of a few tokens should cost close to one token's (the same
+A tree forward of a few tokens should cost close to one token's (the same
 weights are read). Which small-batch float32 kernel gets there depends on the CPU (MKL takes
 its slow paths on AMD processors), so this loads the target once per kernel (plain
 ``F.linear``, specframe's native small-row GEMM, oneDNN, MKL packed per row bucket) and times the same trees on the same cache

@@ -6,8 +6,8 @@ cache). With a mask, transformers' SDPA path copies each layer's K/V to all quer
 length, so this module leaves that case to it). SmolLM2-135M has 9 query heads
 over 3 K/V heads, so a 16-token tree forward on a 200-token cache copied 30 x 2 tensors three
 times their size; PyTorch's CPU SDPA takes the grouped heads directly (``enable_gqa=True``,
-torch >= 2.5). On the 2-core Xeon that made T(16) 2.6 ms shorter at a 200-token cache and 4 ms
-at 512 (T(1) unchanged; interleaved, same model). Same arithmetic, no copy: the outputs agree
+torch >= 2.5). On a 2-core Xeon that shortens a 16-token forward by 2.6-4 ms and leaves one
+token unchanged (docs/results.md). Same arithmetic, no copy: the outputs agree
 with the copying path to float rounding.
 
 It is registered with transformers under :data:`NAME` (attention and mask interfaces alike, so

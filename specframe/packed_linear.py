@@ -12,8 +12,8 @@ next bucket; larger inputs (the prompt's prefill) take plain ``F.linear``.
 Which library is fastest depends on the CPU. MKL takes its slow paths on AMD processors: on a
 2-core AMD EPYC (Zen 4) a packed 16-row forward of SmolLM2-135M cost 2.3 one-row forwards,
 while oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, JIT kernels for the CPU at hand)
-cost 1.6 and was as fast for one row; on the Intel machine of the first measurements packed
-MKL gave 1.48. :class:`OneDnnLinear` needs no packed copies. :class:`NativeLinear` runs
+cost 1.6 and was as fast for one row; on a 2-core Intel Xeon packed MKL is faster than oneDNN
+(docs/results.md). :class:`OneDnnLinear` needs no packed copies. :class:`NativeLinear` runs
 ``csrc/small_gemm.cpp`` (:mod:`specframe.native_gemm` compiles it for this CPU at first use):
 on a 2-core Intel Xeon it made a SmolLM2-135M tree forward 15-16% faster than packed MKL at
 every size from 1 to 16 tokens, and a row's result does not depend on the number of rows.
