@@ -92,7 +92,7 @@ def notice_lines(summary: dict) -> list[str]:
                    "(budget, mu or gamma = \"auto\") decide from the projected step times there, so their trees "
                    "can differ from a live run's (docs/replay.md)")
         if replay.get("not_replayed"):
-            out.append(f"not replayed (they run the target through transformers): {', '.join(replay['not_replayed'])}")
+            out.append(f"not replayed: {', '.join(replay['not_replayed'])}")
     for arm in summary["arms"]:
         cut = arm.get("budget_cuts") or {}
         if cut.get("steps"):

@@ -162,3 +162,20 @@ def test_sampling_verifier_is_refused_in_one_line(recorded) -> None:
     result = CliRunner().invoke(cli, ["run", str(sampled), "--replay", str(tmp / "trace"), "--out", str(tmp / "s")])
     assert result.exit_code == 1
     assert "greedy-only" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_arm_whose_drafter_does_not_replay_is_left_out_and_named(recorded) -> None:
+    tmp = recorded
+    mixed = tmp / "mixed.toml"
+    mixed.write_text(textwrap.dedent(CONFIG).replace("[data]", textwrap.dedent("""
+        [[arm]]
+        policy = "chain"
+        drafter = "recycle"
+        policy_options = { gamma = 3 }
+
+        [data]""")))
+    result = CliRunner().invoke(cli, ["run", str(mixed), "--replay", str(tmp / "trace"), "--out", str(tmp / "mixed"),
+                                      "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "recycle+chain (its drafter 'recycle' does not replay)" in (tmp / "mixed" / "report.md").read_text()
+    assert "recycle+chain" not in _summary(tmp / "mixed")

@@ -20,7 +20,7 @@ from ..config import ArmConfig, ExperimentConfig
 from ..data import PromptEncoder, Question
 from ..engine import SpecDecoder, make_plugin
 from ..errors import warn
-from ..experiment import Experiment, ModelPool, RunOutcome, arm_where, load_tokenizer
+from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, load_tokenizer
 from ..options import NoOptions
 from ..plugins import get_registry
 from ..profile import CostCurve
@@ -78,7 +78,7 @@ def check_drafter(drafter: Any, where: str) -> str:
     if kind not in REPLAYABLE:
         why = ("declares replay = 'unsupported'" if kind == "unsupported"
                else "does not declare whether it replays (class attribute replay = 'exact' | 'approximate' | 'unsupported')")
-        raise ReplayError(f"{where}: drafter {drafter.name!r} {why}; replay it live instead")
+        raise ReplayError(f"{where}: drafter {drafter.name!r} {why}; run it live instead")
     return kind
 
 
@@ -147,15 +147,18 @@ class ReplayExperiment(Experiment):
         arms, self.skipped = replayable_arms(config)
         if not arms:
             raise ReplayError("no arm of the experiment can be replayed (only specframe arms and autoregressive can)")
+        self.skipped = [f"{name} (transformers' generate runs the target itself)" for name in self.skipped]
         if self.skipped:
-            warn(f"not replayed (transformers' generate runs the target itself): {', '.join(self.skipped)}")
+            warn(f"not replayed: {', '.join(self.skipped)}")
         super().__init__(dataclasses.replace(config, arms=arms), out_dir, **kwargs)
         self.trace, self.model = trace, model
         self.exactness: dict[str, str] = {}
         self.runners: dict[str, Any] = {}
 
     def run(self) -> RunOutcome:
-        """Run, then note in run.json that every arm was replayed, and how."""
+        """Build every arm over the replay target (leaving out those that cannot replay), run,
+        then note in run.json that every arm was replayed, and how."""
+        self._build()
         outcome = super().run()
         run_file = RunFile(self.out_dir)
         meta = run_file.read()
@@ -166,23 +169,40 @@ class ReplayExperiment(Experiment):
         run_file.write(meta)
         return outcome
 
+    def _build(self) -> None:
+        """Load the target once and build each arm's runner; an arm whose drafter does not
+        declare an exact or approximate replay is left out with a warning (a composite
+        drafter's declaration is known only once it is built)."""
+        cfg = self.config
+        with _no_loading_bars():
+            pool = ModelPool(cfg)
+            model = pool.target()
+            recorded = self.trace.environment.get("config_hash")
+            if recorded and recorded != config_hash(model):
+                raise TraceError(f"trace {self.trace.path} was recorded with a target whose config hash is {recorded}, "
+                                 f"this one's is {config_hash(model)}: a different model")
+            self.target = ReplayTarget(model, self.trace)
+            left_out = []
+            for arm in cfg.arms:
+                try:
+                    self.runners[arm.name] = self._runner(arm, pool, self.target)
+                except ReplayError as err:
+                    left_out.append(f"{arm.name} (its drafter {arm.drafter.name!r} does not replay)")
+                    warn(f"not replayed: {err}")
+        self.skipped += left_out
+        if not any(a.baseline is None and a.name in self.runners for a in cfg.arms):
+            raise ReplayError("no specframe arm of the experiment can be replayed (see the warnings above)")
+        self.config = dataclasses.replace(cfg, arms=[a for a in cfg.arms if a.name in self.runners])
+
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config
         encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
-        pool = ModelPool(cfg)
-        model = pool.target()
-        recorded = self.trace.environment.get("config_hash")
-        if recorded and recorded != config_hash(model):
-            raise TraceError(f"trace {self.trace.path} was recorded with a target whose config hash is {recorded}, "
-                             f"this one's is {config_hash(model)}: a different model")
-        target = ReplayTarget(model, self.trace)
-        self._skip_overflowing(encoder, target, questions)
-        runners = self.runners = {arm.name: self._runner(arm, pool, target) for arm in arms}
+        self._skip_overflowing(encoder, self.target, questions)
         eos: set[int] = set()
-        if cfg.stop_at_eos and target.eos_token_id is not None:
-            ids = target.eos_token_id
+        if cfg.stop_at_eos and self.target.eos_token_id is not None:
+            ids = self.target.eos_token_id
             eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
-        return encoder, target, runners, eos
+        return encoder, self.target, {arm.name: self.runners[arm.name] for arm in arms}, eos
 
     def _runner(self, arm: ArmConfig, pool: ModelPool, target: ReplayTarget) -> Any:
         if arm.baseline == "autoregressive":
