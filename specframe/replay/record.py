@@ -11,6 +11,7 @@ stored (found by handing each such drafter a prefill's states and watching which
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import time
 from pathlib import Path
@@ -62,19 +63,25 @@ class _IndexSpy(list):
 
 
 def hidden_layers(config: ExperimentConfig, pool: ModelPool, target: TargetModel, prompt: list[int]) -> list[int]:
-    """The hidden-state layers the experiment's drafters read (empty when none needs any)."""
-    arms = [a for a in config.arms if a.drafter is not None]
-    classes = {a.drafter.name: a for a in arms}
-    from ..plugins import get_registry
+    """The hidden-state layers the experiment's drafters read (empty when none needs any).
 
-    needing = [a for name, a in classes.items() if getattr(get_registry().get("drafters", name), "needs_target_hidden", False)]
-    if not needing or len(prompt) < 2:
+    Each distinct drafter is built, since a composite declares ``needs_target_hidden`` on the
+    instance (from its parts)."""
+    if len(prompt) < 2:
+        return []
+    specs = {json.dumps([a.drafter.name, a.drafter.options], sort_keys=True, default=str): a.drafter
+             for a in config.arms if a.drafter is not None}
+    needing = []
+    for ref in specs.values():
+        drafter = make_plugin("drafters", (ref.name, pool.substitute(ref.options)), target)
+        if getattr(drafter, "needs_target_hidden", False):
+            needing.append(drafter)
+    if not needing:
         return []
     target.reset()
     states = target.causal_forward(torch.tensor(prompt[:-1], device=target.device), True).hidden_states
     read: set[int] = set()
-    for arm in needing:
-        drafter = make_plugin("drafters", (arm.drafter.name, pool.substitute(arm.drafter.options)), target)
+    for drafter in needing:
         spy = _IndexSpy(states)
         drafter.begin(torch.tensor(prompt, dtype=torch.long), target_hidden=spy)
         read |= spy.read
