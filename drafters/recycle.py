@@ -101,6 +101,11 @@ def tree_priority(n: int, path: torch.Tensor | None, device: torch.device) -> to
     return priority
 
 
+#: Places stored per row: past the ``k`` candidates, the ``-inf`` filler a policy's Top-K reads
+#: (TALON's and EAGLE's default K is 10), so ``expand_top`` up to this width is a slice.
+STORED_WIDTH = 16
+
+
 class RecycleDrafter(Drafter):
     """Token Recycling: draft each node's children from its token's row of an adjacency table
     of the target's own top-k predictions."""
@@ -117,6 +122,7 @@ class RecycleDrafter(Drafter):
     def __init__(self, options: RecycleDrafterOptions, target: Any) -> None:
         super().__init__(options, target)
         self.persistent_state = not options.cold_start
+        self.width = max(options.k, STORED_WIDTH)
         self.ids: torch.Tensor | None = None
         self.logp: torch.Tensor | None = None
 
@@ -124,14 +130,12 @@ class RecycleDrafter(Drafter):
     def reset_table(self) -> None:
         """An empty table: every token's row is its fallback (row V is a scratch row that
         duplicate writers write to, so every real row has one writer)."""
-        vocab, k = self.vocab_size, self.options.k
-        device = self.target.device
-        ids = torch.arange(vocab + 1, device=device)[:, None].expand(vocab + 1, k).clone()
-        logp = torch.full((vocab + 1, k), -math.inf, device=device)
-        if self.options.fallback_prob > 0:
-            logp[:, 0] = math.log(self.options.fallback_prob)
-        ids[:, 1:] = 0  # replaced by canonical filler below
-        self.ids, self.logp = canonical_rows(ids.clamp(max=vocab - 1), logp, k, vocab)
+        vocab, device = self.vocab_size, self.target.device
+        # One candidate per row, the token itself (the scratch row's is any valid id).
+        ids = torch.arange(vocab + 1, device=device).clamp(max=vocab - 1)[:, None]
+        logp = torch.full((vocab + 1, 1), math.log(self.options.fallback_prob) if self.options.fallback_prob > 0
+                          else -math.inf, device=device)
+        self.ids, self.logp = canonical_rows(ids, logp, self.width, vocab)
 
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, priority: torch.Tensor) -> None:
         """Write each token's row from the target's ``logits`` at it (``[n, V]``); among
@@ -144,7 +148,7 @@ class RecycleDrafter(Drafter):
         # pass over the [n, V] block fewer: at V = 49152 each pass is 30-40 us a row on a CPU).
         top = values[:, :1]
         logp = (values - top - (logits - top).exp_().sum(dim=-1, keepdim=True).log_()).float()
-        ids, logp = canonical_rows(ids, logp, k, vocab)
+        ids, logp = canonical_rows(ids, logp, self.width, vocab)
         rows = torch.where(last_writers(tokens, priority, vocab), tokens, vocab)
         self.ids[rows] = ids
         self.logp[rows] = logp
@@ -185,7 +189,7 @@ class RecycleDrafter(Drafter):
 
     def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The top ``k`` of each node's row straight from the table (already in selection
-        order), padded with the lowest free ids at ``-inf`` past the table's width."""
+        order, ``-inf`` filler included), recomputed only past the stored width."""
         ids, logp = self._rows(tree, nodes)
         k = min(int(k), self.vocab_size)
         if k <= ids.shape[-1]:
