@@ -97,7 +97,6 @@ class BatchDecoder:
         policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy,
     ) -> None:
         self.decoder = decoder
-        self.allocator_spec = allocator
         self.allocator: BatchAllocator = make_allocator(allocator)
         self._drafter_factory = drafter_factory
         self._policy_factory = policy_factory
@@ -266,3 +265,18 @@ class BatchDecoder:
             if tok in eos:
                 return emitted[: i + 1]
         return emitted
+
+
+def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
+                   eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
+                   generator: torch.Generator | None = None) -> BatchOutput:
+    """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`).
+
+    A :class:`BatchDecoder` kept on the decoder per allocator spec reuses its rows' drafters
+    and policies across calls (the engine module does not import this one: layer rules).
+    """
+    cache = decoder.__dict__.setdefault("_batch_decoders", {})
+    key = repr(allocator)
+    if key not in cache:
+        cache[key] = BatchDecoder(decoder, allocator)
+    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator)

@@ -242,24 +242,6 @@ class SpecDecoder:
         out.wall_time = time.perf_counter() - start
         return out
 
-    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128,
-                       eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
-                       generator: torch.Generator | None = None) -> Any:
-        """Decode several prompts together, all trees of a step verified in one target forward.
-
-        Returns a :class:`specframe.batch.BatchOutput` (one :class:`GenerationOutput` per
-        prompt). ``allocator``: how the batch's node budget is split (see
-        :mod:`specframe.batch_allocate`). Each further row gets its own drafter and policy built
-        from this decoder's names and options (:class:`specframe.batch.BatchDecoder` takes
-        factories, and keeps its rows across calls). docs/batching.md has the design.
-        """
-        from .batch import BatchDecoder
-
-        batch = getattr(self, "_batch_decoder", None)
-        if batch is None or batch.allocator_spec != allocator:
-            batch = self._batch_decoder = BatchDecoder(self, allocator)
-        return batch.generate(prompts, max_new_tokens, eos_token_id, generator)
-
     def _logits_kw(self, logits: torch.Tensor | None) -> dict[str, Any]:
         """``target_logits=`` for a drafter that declares ``needs_target_logits``; nothing for
         the others, whose ``begin``/``commit`` may not take the keyword."""

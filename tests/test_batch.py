@@ -1,0 +1,195 @@
+"""Batched decoding: every sequence equals its own greedy decoding, whatever its companions;
+B = 1 (and any B without a batch budget) repeats generate()'s step statistics; allocators keep
+the batch budget; one host read per step for the whole batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specframe.batch import BatchDecoder, generate_batch
+from specframe.batch_allocate import BatchAllocator, make_allocator, water_fill
+from specframe.engine import SpecDecoder, make_plugin
+from specframe.plugins import get_registry
+from specframe.target import TargetModel
+from specframe.testing.fixtures import VOCAB, default_drafter, tiny_target
+from specframe.testing.harness import greedy_reference
+from specframe.testing.host_reads import HostReadCounter, _counted
+from specframe.testing.profiles import profile_examples
+
+EXAMPLES = max(2, profile_examples() // 4)
+MAX_NEW = 10
+POLICIES = get_registry().names("policies")
+DRAFTERS = get_registry().names("drafters")
+
+
+def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
+    """A fresh decoder on the tiny float64 target (own drafter state)."""
+    target = TargetModel(tiny_target())
+    spec = (policy, {"budget": 6}) if policy not in ("chain", "static", "sequoia") else policy
+    if policy == "sampled-tree":  # its own seeded stream, so a solo and a batched row draw alike
+        spec = (policy, {"budget": 6, "seed": 0})
+    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", spec),
+                       make_plugin("verifiers", "greedy"))
+
+
+prompt_lists = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=6)
+
+
+def solo(drafter: str, policy: str, prompt: list[int], eos: int | None):
+    """The prompt decoded alone by a fresh decoder."""
+    return decoder(drafter, policy).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=eos)
+
+
+def step_record(out) -> list[tuple]:
+    """What must not change between a batched and a solo decode: the shape of every step."""
+    return [(s.tree_size, s.depth, s.accepted, s.emitted, s.draft_forwards, s.widths, s.accepted_ranks,
+             s.budget_cut) for s in out.steps]
+
+
+def check_batch(drafter: str, policy: str, prompts: list[list[int]], eos_pick: int) -> None:
+    model = tiny_target()
+    # EOS: a token the first prompt's greedy decoding emits, so some rows stop early.
+    eos = greedy_reference(model, prompts[0], MAX_NEW, None)[eos_pick % MAX_NEW]
+    batch = generate_batch(decoder(drafter, policy), prompts, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    assert len(batch.outputs) == len(prompts)
+    for prompt, out in zip(prompts, batch.outputs):
+        assert out.tokens == greedy_reference(model, prompt, MAX_NEW, eos), f"{drafter} x {policy}: {prompt}"
+        alone = solo(drafter, policy, prompt, eos)
+        assert step_record(out) == step_record(alone), f"{drafter} x {policy}: steps differ from generate()"
+        assert out.stopped_at_eos == alone.stopped_at_eos
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=EXAMPLES)
+@given(prompts=prompt_lists, eos_pick=st.integers(0, MAX_NEW - 1))
+def test_batch_equals_greedy_alone_for_every_policy(policy, prompts, eos_pick):
+    check_batch("model", policy, prompts, eos_pick)
+
+
+@pytest.mark.parametrize("drafter", [d for d in DRAFTERS if d != "model"])
+@settings(max_examples=EXAMPLES)
+@given(prompts=prompt_lists, eos_pick=st.integers(0, MAX_NEW - 1))
+def test_batch_equals_greedy_alone_for_every_drafter(drafter, prompts, eos_pick):
+    check_batch(drafter, "talon", prompts, eos_pick)
+
+
+@settings(max_examples=EXAMPLES)
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9),
+       first=prompt_lists, second=prompt_lists)
+def test_a_sequence_does_not_depend_on_its_companions(prompt, first, second):
+    dec = decoder()
+    a = generate_batch(dec, [*first, prompt], max_new_tokens=MAX_NEW, eos_token_id=None).outputs[-1]
+    b = generate_batch(dec, [prompt, *second], max_new_tokens=MAX_NEW, eos_token_id=None).outputs[0]
+    assert a.tokens == b.tokens
+    assert step_record(a) == step_record(b)
+
+
+@pytest.mark.parametrize("allocator", ["equal", "shared"])
+@settings(max_examples=EXAMPLES)
+@given(prompts=prompt_lists, budget_per_row=st.integers(1, 5))
+def test_batch_budget_is_never_exceeded(allocator, prompts, budget_per_row):
+    model = tiny_target()
+    total = budget_per_row * len(prompts)
+    batch = generate_batch(decoder(), prompts, max_new_tokens=MAX_NEW, eos_token_id=None,
+                                     allocator=(allocator, {"budget": total}))
+    steps = max(len(o.steps) for o in batch.outputs)
+    for k in range(steps):
+        live = [o.steps[k].tree_size for o in batch.outputs if len(o.steps) > k]
+        # Rows leave, so the budget binds with B rows at most; never more than the total.
+        assert sum(live) <= total, f"step {k}: trees {live} over the batch budget {total}"
+    for prompt, out in zip(prompts, batch.outputs):
+        assert out.tokens == greedy_reference(model, prompt, MAX_NEW, None)
+
+
+def test_b1_repeats_generate_exactly():
+    prompt = [3, 17, 40, 2, 9]
+    alone = decoder().generate(prompt, max_new_tokens=24, eos_token_id=None)
+    batch = generate_batch(decoder(), [prompt], max_new_tokens=24, eos_token_id=None)
+    assert batch.outputs[0].tokens == alone.tokens
+    assert step_record(batch.outputs[0]) == step_record(alone)
+
+
+def test_one_host_read_per_step_for_the_whole_batch():
+    dec = decoder("ngram", "talon")
+    dec.strict = False  # strict mode reads every tree in full on purpose
+    prompts = [[1, 2, 3, 1, 2], [5, 6], [7, 8, 9, 10, 7, 8, 9]]
+    batch = BatchDecoder(dec)
+    batch.generate(prompts, max_new_tokens=2, eos_token_id=None)  # every row's drafter and policy built
+    engine, plugins = HostReadCounter(), HostReadCounter()
+    for b in range(len(prompts)):
+        drafter, policy = batch._slot(b)
+        # The plugins' own reads are theirs (tests/test_host_reads.py pins them): not counted here.
+        policy.build = _counted(policy.build, plugins, engine)
+        drafter.commit = _counted(drafter.commit, plugins, engine)
+    batch._step = _counted(batch._step, engine)
+    out = batch.generate(prompts, max_new_tokens=MAX_NEW, eos_token_id=None)
+    assert engine.total == len(out.step_times), engine.counts
+    assert plugins.total > 0  # the patch is in place: the drafter does read (its n-gram lookups)
+
+
+def test_water_fill_splits_evenly_under_caps():
+    assert water_fill([8, 8, 8], 12) == [4, 4, 4]
+    assert water_fill([2, 8, 8], 12) == [2, 5, 5]
+    assert water_fill([1, 1], 9) == [1, 1]
+    assert water_fill([5, 5, 5], 4) == [2, 1, 1]
+
+
+def test_unknown_allocator_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="available allocators: equal, shared"):
+        make_allocator("nope")
+
+
+def test_third_party_allocator_registers_through_the_hook():
+    from specframe.plugins import hookimpl
+
+    class FirstTakesAll(BatchAllocator):
+        """Row 0 gets everything it can; the others just their roots."""
+
+        name = "first-takes-all"
+
+        def budgets(self, caps, history, total):
+            return [min(caps[0], total - len(caps) + 1)] + [1] * (len(caps) - 1)
+
+    class Plugin:
+        @hookimpl
+        def register_batch_allocators(self, register):
+            register(FirstTakesAll)
+
+    plugin = Plugin()
+    get_registry().register(plugin, dist="third-party")
+    try:
+        out = generate_batch(decoder(), [[1, 2, 3], [4, 5]], max_new_tokens=6, eos_token_id=None,
+                                       allocator=("first-takes-all", {"budget": 5}))
+        assert all(s.tree_size == 1 for s in out.outputs[1].steps[: len(out.outputs[0].steps)])
+        assert out.outputs[1].tokens == greedy_reference(tiny_target(), [4, 5], 6, None)
+    finally:
+        get_registry().pm.unregister(plugin)
+
+
+def test_budget_below_the_live_rows_is_refused():
+    with pytest.raises(ValueError, match="batch budget 1 is below the 2 live sequences"):
+        generate_batch(decoder(), [[1, 2], [3]], max_new_tokens=4, eos_token_id=None,
+                                 allocator=("equal", {"budget": 1}))
+
+
+def test_padded_rows_do_not_leak_into_a_sequence():
+    """Stale columns (a shorter prompt's padding) are masked: garbage there changes nothing."""
+    from specframe.batch_kv import BatchKV
+
+    target = TargetModel(tiny_target())
+    kv = BatchKV(target)
+    kv.prefill([torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6])])
+    with torch.inference_mode():
+        for layer in kv.cache.layers:
+            layer.keys[1, :, 1:] = 1e6
+            layer.values[1, :, 1:] = -1e6
+    from specframe.tree import DraftTree
+
+    trees = [DraftTree.root(9), DraftTree.root(7)]
+    logits = kv.tree_forward(trees).logits
+    with torch.inference_mode():
+        ref = tiny_target()(torch.tensor([[6, 7]])).logits[0, -1]
+    assert torch.allclose(logits[1, 0], ref, atol=1e-9)
