@@ -3,17 +3,18 @@
 One table = ONE interleaved experiment (every arm on every prompt in turn, the harness of
 ``specframe run``), printed with its pass/fail checks:
 
-* ``--table talon``: talon over N in {4, 8, 16, 32, 60} x mu in {0.01, 0.03, 0.1, 0.3}, plus
-  ``budget="auto", mu="auto"``; passes when auto reaches >= 95% of the best fixed arm's tokens/s.
+* ``--table talon``: talon over N in {4, 8, 16, 32, 60} (with ``recycle``: {4, 8, 12, 16}) x mu in
+  {0.01, 0.03, 0.1, 0.3}, plus ``budget="auto", mu="auto"``; passes when auto reaches >= 95% of
+  the best fixed arm's tokens/s.
 * ``--table chain``: chain gamma 2..8 plus ``gamma="auto"``; the same 95% bar.
 * Both tables carry the autoregressive arm; with the ngram drafter also hf-prompt-lookup. With
   ngram the auto arm must be at least as fast as hf-prompt-lookup and never more than 3%
   slower than autoregressive.
 
 Pairs: ``--pair smollm2`` (SmolLM2-135M-Instruct, chat prompts with the chat template; drafters
-``ngram`` or ``eagle3`` = the ``smollm2-135m-instruct-eagle3`` head) and ``--pair demo`` (the
-shipped demo pair on code prompts; drafters ``model`` = demo-draft, ``ngram``, ``eagle3`` =
-demo-eagle). The target's cost curve is measured once (or read from the cache) before the run,
+``ngram``, ``recycle`` or ``eagle3`` = the ``smollm2-135m-instruct-eagle3`` head) and ``--pair demo``
+(the shipped demo pair on code prompts; drafters ``model`` = demo-draft, ``ngram``, ``recycle``,
+``eagle3`` = demo-eagle). The target's cost curve is measured once (or read from the cache) before the run,
 so no arm pays for it. Examples::
 
     python benchmarks/auto_sizing.py --pair smollm2 --drafter ngram --table talon
@@ -34,6 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TALON_N = (4, 8, 16, 32, 60)
+#: Drafters swept over other sizes: Token Recycling's best fixed trees are 8-16 nodes.
+TALON_N_BY_DRAFTER = {"recycle": (4, 8, 12, 16)}
 TALON_MU = (0.01, 0.03, 0.1, 0.3)
 CHAIN_GAMMA = tuple(range(2, 9))
 BAR = 0.95  # auto must reach this fraction of the best fixed arm's tokens/s
@@ -41,18 +44,18 @@ AR_SLACK = 0.97  # ... and, with ngram, this fraction of autoregressive
 
 PAIRS = {
     "smollm2": {"target": "smollm2-135m-instruct", "data": "prompts/chat.jsonl", "chat_template": True,
-                "drafters": {"ngram": ("ngram", {}),
+                "drafters": {"ngram": ("ngram", {}), "recycle": ("recycle", {}),
                              "eagle3": ("eagle3", {"path": "smollm2-135m-instruct-eagle3"})}},
     "demo": {"target": "demo-target", "data": "prompts/code.jsonl", "chat_template": False,
-             "drafters": {"model": ("model", {"model": "draft"}), "ngram": ("ngram", {}),
+             "drafters": {"model": ("model", {"model": "draft"}), "ngram": ("ngram", {}), "recycle": ("recycle", {}),
                           "eagle3": ("eagle3", {"path": "demo-eagle"})}},
 }
 
 
-def fixed_arms(table: str, smoke: bool) -> list[tuple[str, str, dict]]:
-    """(name, policy, options) of the fixed-size sweep."""
+def fixed_arms(table: str, smoke: bool, drafter: str = "") -> list[tuple[str, str, dict]]:
+    """(name, policy, options) of the fixed-size sweep (talon's sizes may depend on the drafter)."""
     if table == "talon":
-        grid = [(n, mu) for n in TALON_N for mu in TALON_MU]
+        grid = [(n, mu) for n in TALON_N_BY_DRAFTER.get(drafter, TALON_N) for mu in TALON_MU]
         grid = grid[:2] if smoke else grid
         return [(f"talon-N{n}-mu{mu}", "talon", {"budget": n, "mu": mu}) for n, mu in grid]
     gammas = CHAIN_GAMMA[:2] if smoke else CHAIN_GAMMA
@@ -95,7 +98,7 @@ def config_text(args: argparse.Namespace) -> str:
     lines += ["", "[[arm]]", 'baseline = "autoregressive"']
     if args.drafter == "ngram":
         lines += ["", "[[arm]]", 'baseline = "hf-prompt-lookup"']
-    for name, policy, options in fixed_arms(args.table, args.smoke) + [auto_arm(args.table)]:
+    for name, policy, options in fixed_arms(args.table, args.smoke, args.drafter) + [auto_arm(args.table)]:
         lines += ["", "[[arm]]", f"name = {_toml(name)}", f"policy = {_toml(policy)}",
                   f"policy_options = {_toml(options)}"]
     data = (ROOT / "examples" / pair["data"]).as_posix()
