@@ -1,0 +1,204 @@
+"""Batch sweep: batched speculative decoding against batched autoregressive decoding, B = 1, 2, 4, 8.
+
+One interleaved run: the prompts are cut into batches of B, and every arm decodes each batch in
+turn (AR, equal, shared, AR, equal, shared, ...), so machine drift hits all arms alike.
+
+* ``ar``: transformers ``generate`` on the left-padded batch with its attention mask, greedy.
+* ``equal``: :mod:`specframe.batch` with the ``equal`` allocator; ``shared``: the ``shared``
+  (ECHO-style, one gate over all trees) allocator. Both get the same batch budget,
+  ``B x --budget`` nodes per step, and each sequence's policy may build up to ``2 x --budget``
+  (so the shared allocator has room to give a confident sequence more than its even share).
+
+Per arm and B it prints throughput (all emitted tokens / wall time), mean per-sequence latency,
+mean tau (tokens per target forward of a sequence) and the speedup over ``ar`` at the same B,
+and lists every sequence that differs from the single-sequence greedy decoding of its prompt,
+with the target's logit margin (top-1 minus top-2) where it left it: padding changes matmul
+shapes, so a near tie can flip. Examples::
+
+    python benchmarks/batch_sweep.py --pair smollm2 --drafter ngram          # the published sweep
+    python benchmarks/batch_sweep.py --pair demo --drafter model --sizes 1 2 --limit 4 --max-new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from auto_sizing import PAIRS  # noqa: E402  (the pairs of the published tables)
+
+ALLOCATORS = ("equal", "shared")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pair", choices=sorted(PAIRS), default="smollm2")
+    p.add_argument("--drafter", default="ngram", help="a drafter of the pair (see auto_sizing.PAIRS)")
+    p.add_argument("--policy", default="talon", help="tree policy of every sequence (budget option: 2 x --budget)")
+    p.add_argument("--budget", type=int, default=4, help="nodes per sequence in the batch budget")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--limit", type=int, default=28)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=None, help="write the table and raw figures here (JSON)")
+    return p.parse_args(argv)
+
+
+def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
+    """The target (TargetModel), the encoded prompts and the EOS ids, as an experiment loads them."""
+    from specframe.config import parse_config
+    from specframe.data import PromptEncoder, load_questions
+    from specframe.experiment import ModelPool, load_tokenizer
+    from specframe.target import TargetModel
+
+    pair = PAIRS[args.pair]
+    raw = {"name": "batch-sweep", "max_new_tokens": args.max_new_tokens,
+           "target": {"model": pair["target"], "dtype": args.dtype},
+           "arm": [{"baseline": "autoregressive"}],
+           "data": {"path": str(ROOT / "examples" / pair["data"]), "limit": args.limit,
+                    "chat_template": pair["chat_template"]}}
+    if args.pair == "demo":
+        raw["models"] = {"draft": {"model": "demo-draft"}}
+    config = parse_config(raw, base=ROOT)
+    pool = ModelPool(config)
+    target = TargetModel(pool.target())
+    encoder = PromptEncoder(load_tokenizer(config), config.data.chat_template)
+    prompts = [encoder.encode(q.turns, [], None) for q in load_questions(config.data.path, limit=args.limit)]
+    ids = target.eos_token_id
+    eos = set() if ids is None else {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+    args.pool = pool
+    return target, prompts, eos
+
+
+def decoder(args: argparse.Namespace, target: Any) -> Any:
+    """A SpecDecoder of the pair's drafter and the sweep's policy (greedy)."""
+    from specframe.engine import SpecDecoder, make_plugin
+
+    name, options = PAIRS[args.pair]["drafters"][args.drafter]
+    drafter = make_plugin("drafters", (name, args.pool.substitute(dict(options))), target)
+    policy = make_plugin("policies", (args.policy, {"budget": 2 * args.budget}))
+    return SpecDecoder(target, drafter, policy, make_plugin("verifiers", "greedy"), strict=False)
+
+
+def cut(tokens: list[int], eos: set[int]) -> list[int]:
+    """Tokens up to and including the first EOS."""
+    for i, tok in enumerate(tokens):
+        if tok in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+@torch.inference_mode()
+def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
+    """transformers ``generate`` on the left-padded batch: (tokens per prompt, wall seconds)."""
+    width = max(len(p) for p in prompts)
+    pad = min(eos) if eos else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    stop = dict(eos_token_id=sorted(eos), pad_token_id=pad) if eos else dict(min_new_tokens=max_new)
+    t0 = time.perf_counter()
+    out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                         max_new_tokens=max_new, **stop)
+    wall = time.perf_counter() - t0
+    return [cut(row[width:].tolist(), eos) for row in out], wall
+
+
+@torch.inference_mode()
+def margin_at(model: Any, prompt: list[int], tokens: list[int], reference: list[int]) -> tuple[int, float]:
+    """Where ``tokens`` leaves ``reference`` and the target's top-1 minus top-2 logit there."""
+    at = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    ids = torch.tensor([prompt + reference[:at]], device=model.device)
+    top = model(ids).logits[0, -1].float().topk(2).values
+    return at, float(top[0] - top[1])
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The interleaved sweep; returns the figures by B and arm."""
+    from rich.progress import Progress
+
+    from specframe.batch import BatchDecoder
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, prompts, eos = load(args)
+    model = target.model
+    solo = [ar_batch(model, [p], args.max_new_tokens, eos)[0][0] for p in prompts]
+    dec = decoder(args, target)
+    batchers = {a: BatchDecoder(dec, (a, {"budget": args.budget * max(args.sizes)})) for a in ALLOCATORS}
+    BatchDecoder(dec).generate(prompts[:2], max_new_tokens=4, eos_token_id=sorted(eos) or None)  # warm-up
+    figures: dict = {}
+    with Progress() as bar:
+        task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) for b in args.sizes))
+        for size in args.sizes:
+            for batcher in batchers.values():
+                batcher.allocator.options.budget = args.budget * size
+            rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": []}
+                    for arm in ("ar", *ALLOCATORS)}
+            for start in range(0, len(prompts), size):
+                chunk = list(range(start, min(start + size, len(prompts))))
+                batch = [prompts[i] for i in chunk]
+                outs, wall = ar_batch(model, batch, args.max_new_tokens, eos)
+                record(rows["ar"], model, chunk, prompts, solo, outs, wall, [wall] * len(chunk), None)
+                for name, batcher in batchers.items():
+                    res = batcher.generate(batch, max_new_tokens=args.max_new_tokens, eos_token_id=sorted(eos) or None)
+                    record(rows[name], model, chunk, prompts, solo, [o.tokens for o in res.outputs], res.wall_time,
+                           [o.wall_time for o in res.outputs], [o.tau for o in res.outputs])
+                bar.advance(task)
+            figures[size] = rows
+    return figures
+
+
+def record(row: dict, model: Any, chunk: list[int], prompts: list, solo: list, outs: list, wall: float,
+           latency: list[float], tau: list[float] | None) -> None:
+    """Add one batch's figures to an arm's row, with its divergences from the solo decodes."""
+    row["tokens"] += sum(len(o) for o in outs)
+    row["wall"] += wall
+    row["latency"] += latency
+    row["tau"] += tau or []
+    for i, tokens in zip(chunk, outs):
+        if tokens != solo[i]:
+            at, margin = margin_at(model, prompts[i], tokens, solo[i])
+            row["diverged"].append({"prompt": i, "at": at, "margin": round(margin, 4)})
+
+
+def table(figures: dict, args: argparse.Namespace) -> str:
+    """The sweep as a markdown table."""
+    lines = [f"{args.pair} / {args.drafter} / {args.policy}, batch budget {args.budget} x B, "
+             f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}",
+             "", "| B | arm | tokens/s | speedup vs ar | mean latency (s) | mean tau | diverged |",
+             "|---|---|---|---|---|---|---|"]
+    for size, rows in figures.items():
+        base = rows["ar"]["tokens"] / rows["ar"]["wall"]
+        for arm, r in rows.items():
+            tps = r["tokens"] / r["wall"]
+            tau = f"{statistics.mean(r['tau']):.2f}" if r["tau"] else "1.00"
+            div = ", ".join(f"p{d['prompt']}@{d['at']} (margin {d['margin']})" for d in r["diverged"]) or "none"
+            lines.append(f"| {size} | {arm} | {tps:.1f} | {tps / base:.2f}x | "
+                         f"{statistics.mean(r['latency']):.2f} | {tau} | {div} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the sweep and print (and optionally write) its table."""
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    figures = run(args)
+    text = table(figures, args) + f"\n\none interleaved run, {time.perf_counter() - t0:.0f} s"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"table": text, "figures": figures}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
