@@ -159,3 +159,30 @@ def test_projected_policy_writes_curve_times_into_the_steps() -> None:
     policy.observe(step)
     assert step.target_time == pytest.approx(2.0 * 2.5) and step.verify_time == pytest.approx(0.75)
     assert policy.replaced == pytest.approx(0.03) and policy.added == pytest.approx(5.75)
+
+
+def test_eagle3_replay_over_recorded_hidden_states_matches_live_in_float64(tmp_path) -> None:
+    """An approximate drafter: in float64 the full forward's hidden states equal the tree
+    forward's closely enough that the tiny pair's EAGLE-3 head replays step for step."""
+    from specframe.replay.record import _IndexSpy
+    from specframe.replay.trace import save_hidden
+
+    model = _pair("demo")[0]
+    spec = ("eagle3", {"path": "demo-eagle", "dtype": "float64"})
+    policy = ("talon", {"budget": 10, "mu": 0.03})
+    prompt = list(range(5, 40))
+    target = TargetModel(model)
+    live = SpecDecoder(target, make_plugin("drafters", spec, target), make_plugin("policies", policy),
+                       make_plugin("verifiers", "greedy")).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
+    cont = greedy_reference(model, prompt, MAX_NEW + EXTRA, None)
+    target.reset()
+    states = target.causal_forward(torch.tensor(prompt + cont), True).hidden_states
+    spy = _IndexSpy(states)
+    make_plugin("drafters", spec, target).begin(torch.tensor(prompt), target_hidden=spy)
+    rel = save_hidden(tmp_path, 0, {i: states[i][0] for i in spy.read})
+    trace = Trace({}, {}, {"p": PromptTrace("p", prompt, cont, MAX_NEW, hidden_file=rel)}, path=tmp_path)
+    replay_target = ReplayTarget(model, trace)
+    replay_target.use(prompt)
+    replay = SpecDecoder(replay_target, make_plugin("drafters", spec, replay_target), make_plugin("policies", policy),
+                         ReplayVerifier(NoOptions())).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
+    _assert_same(live, replay)

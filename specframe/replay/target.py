@@ -96,11 +96,19 @@ class ReplayTarget(TargetModel):
         if not self._hidden:
             raise TraceError(f"trace {self.trace.path} holds no hidden states, but a drafter asks for them: "
                              "record the trace with that drafter in the experiment file")
-        layers = max(self._hidden) + 1
+        # As long as the model's own tuple (embeddings + one per layer): heads derive default
+        # layer ids from its length.
+        layers = max(self._text_config_layers() + 1, max(self._hidden) + 1)
         out: list = [None] * layers
         for i, h in self._hidden.items():
             out[i] = h[positions.clamp(max=len(h) - 1)][None]
         return out
+
+
+    def _text_config_layers(self) -> int:
+        cfg = self.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return int(getattr(cfg, "num_hidden_layers", 0) or 0)
 
 
 class ReplayVerifier(Verifier):
