@@ -114,6 +114,12 @@ class ProjectedPolicy(TreePolicy):
         """The wrapped policy's largest tree."""
         return self.inner.max_budget
 
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the engine or a caller reads is the wrapped policy's.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def reset(self) -> None:
         """Reset the wrapped policy and the time sums."""
         self.inner.reset()
