@@ -19,6 +19,24 @@ from .target import TargetModel
 from .tree import DraftTree
 
 
+def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[DraftTree]) -> torch.Tensor:
+    """Bool ``[B, n_max, width + n_max]``: what node ``i`` of row ``b``'s tree may attend to.
+
+    Its row's valid prefix (columns ``< lengths[b]``; the rest of the ``width`` cache columns
+    are stale), and its ancestors and itself among the packed tree columns; a padding node
+    (``i >= len(trees[b])``) sees only itself, so no softmax row is empty.
+    """
+    n_max = max(len(tree) for tree in trees)
+    device = trees[0].device
+    visible = torch.zeros(len(trees), n_max, width + n_max, dtype=torch.bool, device=device)
+    visible[:, :, width:] = torch.eye(n_max, dtype=torch.bool, device=device)
+    for b, tree in enumerate(trees):
+        n = len(tree)
+        visible[b, :n, : lengths[b]] = True
+        visible[b, :n, width : width + n] = tree.ancestor_mask()
+    return visible
+
+
 class BatchKV:
     """Batched prefill, packed tree forward and ragged compaction over one :class:`TargetModel`."""
 
@@ -90,16 +108,13 @@ class BatchKV:
         device = self.target.device
         tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
         positions = torch.zeros(rows, n_max, dtype=torch.long, device=device)
-        visible = torch.zeros(rows, n_max, width + n_max, dtype=torch.bool, device=device)
-        visible[:, :, width:] = torch.eye(n_max, dtype=torch.bool, device=device)
+        visible = packed_visibility(self.lengths, width, trees)
         for b, tree in enumerate(trees):
             n, length = len(tree), self.lengths[b]
             tokens[b, :n] = tree.tokens
             # The prefix holds length = L - 1 entries; the root sits at position L - 1.
             positions[b, :n] = tree.positions(length + 1)
             positions[b, n:] = length
-            visible[b, :n, :length] = True
-            visible[b, :n, width : width + n] = tree.ancestor_mask()
         top = max(length + len(tree) - 1 for length, tree in zip(self.lengths, trees))
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
