@@ -126,12 +126,11 @@ class HybridDrafter(Drafter):
         values = torch.cat([t[0] for t in tops], dim=-1)
         ids = torch.cat([t[1] for t in tops], dim=-1)
         ids, values = canonical_rows(ids, best_of_duplicates(ids, values) - self.log_parts, k, self.vocab_size)
-        return values_ranked(values, ids, tree.device)
+        return with_ranks(values, ids, tree.device)
 
 
-def values_ranked(values: torch.Tensor, ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(values, ids, ranks)`` as :func:`specframe.topk_per_row` returns them (from ``ids, logp``
-    in the order :func:`~drafters.recycle.canonical_rows` gives)."""
+def with_ranks(values: torch.Tensor, ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(values, ids, ranks)`` on ``device``, as :func:`specframe.topk_per_row` returns them."""
     rows, k = values.shape
     return values.to(device), ids.to(device), torch.arange(k, device=device).expand(rows, k)
 
