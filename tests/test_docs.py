@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import shutil
+import subprocess
 import typing
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from specframe import hookspecs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+README = DOCS.parent / "README.md"
 HOOKS_MD = DOCS / "hooks.md"
 CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
@@ -80,13 +83,52 @@ def test_relative_doc_links_resolve():
     assert not broken, "broken links in docs/: " + ", ".join(broken)
 
 
-def test_index_python_example_runs():
-    """The 'Python in one screen' block of docs/index.md runs as shown (it asserts losslessness)."""
-    text = (DOCS / "index.md").read_text(encoding="utf-8")
-    section = text.split("## Python in one screen", 1)[1]
-    code = CODE_BLOCK.search(section).group(1)
-    assert "assert out.tokens == ref.tolist()" in code
-    exec(compile(code, "docs/index.md", "exec"), {"print": lambda *a, **k: None})
+def test_readme_python_example_runs():
+    """README's Python example runs as shown (it asserts losslessness and reads tau)."""
+    code = CODE_BLOCK.search(README.read_text(encoding="utf-8")).group(1)
+    assert "assert out.tokens == ref.tolist()" in code and "out.tau" in code
+    assert 10 <= len(code.strip().splitlines()) <= 15, "README's Python example should be 10-15 lines"
+    exec(compile(code, "README.md", "exec"), {"print": lambda *a, **k: None})
+
+
+def _tables(text: str) -> list[list[str]]:
+    """The markdown tables of ``text`` outside fenced code blocks, each as its list of rows."""
+    tables: list[list[str]] = []
+    fenced, previous = False, False
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        is_row = not fenced and line.startswith("|")
+        if is_row and not previous:
+            tables.append([])
+        if is_row:
+            tables[-1].append(line.strip())
+        previous = is_row
+    return tables
+
+
+def test_readme_is_short_with_one_table():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 120, f"README.md has {len(text.splitlines())} lines; the limit is 120"
+    assert len(_tables(text)) == 1, "README.md holds one table (the demo's); other measurements go to docs/results.md"
+
+
+def test_readme_demo_table_is_the_one_in_results():
+    """The README's demo table is a copy of docs/results.md's, so both show the same run."""
+    readme_table = _tables(README.read_text(encoding="utf-8"))[0]
+    results = (DOCS / "results.md").read_text(encoding="utf-8")
+    demo_section = results.split("### The SmolLM2 demo", 1)[1].split("\n### ", 1)[0]
+    assert _tables(demo_section) == [readme_table]
+
+
+def test_readme_commands_match_ci():
+    """CI runs the README's test command, and the README installs every extra CI installs."""
+    readme = README.read_text(encoding="utf-8")
+    ci = (DOCS.parent / ".ci" / "run").read_text(encoding="utf-8")
+    assert "HYPOTHESIS_PROFILE=ci python -m pytest -q" in readme
+    assert "HYPOTHESIS_PROFILE=ci" in ci and "python -m pytest -q" in ci
+    ci_extras = set(re.search(r"pip install -e '\.\[([\w,]+)\]'", ci).group(1).split(","))
+    readme_extras = set(re.search(r"pip install -e '\.\[([\w,]+)\]'", readme).group(1).split(","))
+    assert ci_extras <= readme_extras, f".ci/run installs extras {sorted(ci_extras - readme_extras)} the README does not"
 
 
 def _demo_shape(path: Path) -> str:
@@ -100,15 +142,128 @@ def _demo_shape(path: Path) -> str:
     return f"{cfg['data']['limit']} prompts x {cfg['max_new_tokens']} tokens, {len(cfg['arm'])} arms"
 
 
-def test_docs_describe_the_demo_that_ships():
-    """Every place that sizes `specframe demo` says what examples/demo.toml runs (they drifted
-    once: 8 prompts, 64 tokens and 8 arms in the docs against 10, 96 and 9 in the file). Only
-    the default demo is sized in the form "P prompts x T tokens, A arms"."""
-    shape = _demo_shape(DOCS.parent / "examples" / "demo.toml")
-    places = [DOCS / "index.md", DOCS / "cli.md", DOCS / "experiments.md", DOCS.parent / "README.md"]
-    sizing = re.compile(r"\d+ prompts x \d+ tokens, \d+ arms")
-    for place in places:
-        text = place.read_text()
-        stated = sizing.findall(" ".join(text.split()))  # a statement may wrap lines
-        assert stated, f"{place.name} does not say what `specframe demo` runs ({shape})"
-        assert set(stated) == {shape}, f"{place.name} says {sorted(set(stated))}, examples/demo.toml runs {shape}"
+DEMO_TOML = DOCS.parent / "examples" / "demo.toml"
+TINY_TOML = DOCS.parent / "examples" / "demo-tiny.toml"
+# Pages that say what `specframe demo` runs, and the demos each one sizes.
+DEMO_PAGES = {
+    DOCS.parent / "README.md": [DEMO_TOML],
+    DOCS / "index.md": [DEMO_TOML],
+    DOCS / "cli.md": [DEMO_TOML, TINY_TOML],
+    DOCS / "experiments.md": [DEMO_TOML],
+    DOCS / "reproducing-talon.md": [DEMO_TOML, TINY_TOML],
+}
+SIZING = re.compile(r"\d+ prompts x \d+ tokens, \d+ arms")
+
+
+def stated_sizes(text: str) -> list[tuple[str, str]]:
+    """Each "P prompts x T tokens, A arms" of ``text`` with the demo it sizes: the tiny pair when
+    the nearest demo named before it is ``--pair tiny`` / ``demo-tiny.toml``, else the default."""
+    flat = " ".join(text.split())  # a statement may wrap lines
+    out = []
+    for match in SIZING.finditer(flat):
+        before = flat[:match.start()]
+        tiny = max(before.rfind("--pair tiny"), before.rfind("demo-tiny.toml"))
+        default = max(before.rfind("specframe demo`"), before.rfind("specframe demo "),
+                      before.rfind("examples/demo.toml"))
+        out.append(("tiny" if tiny > default else "default", match.group()))
+    return out
+
+
+@pytest.mark.parametrize("page", sorted(DEMO_PAGES), ids=lambda p: p.name)
+def test_docs_describe_the_demos_that_ship(page):
+    """Every page that sizes a demo says what examples/demo.toml (and demo-tiny.toml) run; the
+    sizes are read from the files (they drifted: 10 prompts, 96 tokens and 9 arms stood for the
+    SmolLM2 demo after it became 7 x 64 with 5 arms)."""
+    shapes = {"default": _demo_shape(DEMO_TOML), "tiny": _demo_shape(TINY_TOML)}
+    stated = stated_sizes(page.read_text(encoding="utf-8"))
+    for which, text in stated:
+        assert text == shapes[which], f"{page.name} says the {which} demo runs {text}; its file runs {shapes[which]}"
+    for path in DEMO_PAGES[page]:
+        which = "tiny" if path == TINY_TOML else "default"
+        assert (which, shapes[which]) in stated, f"{page.name} does not say what the {which} demo runs ({shapes[which]})"
+
+
+def test_demo_sizing_check_can_fail():
+    """A stale size is caught, and a tiny-pair size is attributed to the tiny pair."""
+    assert stated_sizes("`specframe demo` runs 10 prompts x 96 tokens, 9 arms") == [("default", "10 prompts x 96 tokens, 9 arms")]
+    assert stated_sizes("`specframe demo --pair tiny` runs 10 prompts x 96 tokens, 9 arms")[0][0] == "tiny"
+    assert _demo_shape(DEMO_TOML) != _demo_shape(TINY_TOML), "the two demos must differ for the check to mean anything"
+
+
+def test_reproducing_talon_names_every_arm_of_the_demos():
+    """docs/reproducing-talon.md names every arm of both demos, as the experiment files name them."""
+    from specframe.config import load_config
+
+    text = (DOCS / "reproducing-talon.md").read_text(encoding="utf-8")
+    for path in (DEMO_TOML, TINY_TOML):
+        missing = [arm.name for arm in load_config(path).arms if f"`{arm.name}`" not in text]
+        assert not missing, f"reproducing-talon.md does not name the arms {missing} of {path.name}"
+
+
+RESULT_FIELDS = {
+    "Date": re.compile(r"^- Date: \d{4}-\d{2}-\d{2}\b", re.M),
+    "Machine": re.compile(r"^- Machine: .*\b\d+[- ]cores?\b.*\bGPU\b", re.M),
+    "Commit": re.compile(r"^- Commit: `([0-9a-f]{7,40})`", re.M),
+    "Command": re.compile(r"^- Command: .*`[^`]+`", re.M),
+    "Shows": re.compile(r"^- Shows: \S", re.M),
+}
+
+
+def unlabelled_tables(text: str) -> list[str]:
+    """'section: missing fields' for every section of a results page (split at its headings)
+    that holds a table without all five fields: date, machine (with cores and GPU), commit,
+    command and what the table shows."""
+    problems = []
+    for section in re.split(r"^(?=#{2,4} )", text, flags=re.M):
+        if not _tables(section):
+            continue
+        missing = [name for name, pattern in RESULT_FIELDS.items() if not pattern.search(section)]
+        if missing:
+            problems.append(f"{section.splitlines()[0]!r}: no {', '.join(missing)}")
+    return problems
+
+
+def test_every_result_table_names_date_machine_commit_and_command():
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    assert len(_tables(text)) >= 5, "docs/results.md lost its tables: the check would be vacuous"
+    assert not unlabelled_tables(text), "docs/results.md: " + "; ".join(unlabelled_tables(text))
+
+
+def test_result_table_check_can_fail():
+    labelled = ("### T\n\n- Date: 2026-12-03\n- Machine: Intel Xeon, 2 cores, no GPU\n- Commit: `9dc699c`\n"
+                "- Command: `specframe demo`\n- Shows: the demo\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    assert unlabelled_tables(labelled) == []
+    assert unlabelled_tables(labelled.replace("- Commit: `9dc699c`\n", "")) == ["'### T': no Commit"]
+    assert unlabelled_tables(labelled.replace("2 cores, ", "")) == ["'### T': no Machine"]
+    assert unlabelled_tables(labelled + "### U\n\n| c |\n|---|\n") == ["'### U': no Date, Machine, Commit, Command, Shows"]
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=DOCS.parent, capture_output=True, text=True)
+
+
+def test_result_commits_exist():
+    """Every commit docs/results.md names is one of this repository's (where its history is here)."""
+    if shutil.which("git") is None or _git("rev-parse", "--is-shallow-repository").stdout.strip() != "false":
+        pytest.skip("needs git and the repository's full history")
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    unknown = [sha for sha in RESULT_FIELDS["Commit"].findall(text)
+               if _git("cat-file", "-e", f"{sha}^{{commit}}").returncode != 0]
+    assert not unknown, f"docs/results.md names commits this repository does not have: {unknown}"
+
+
+def test_demo_table_script_takes_the_overall_table_and_fills_both_markers(tmp_path):
+    """scripts/update_demo_table.py copies the report's first table (not the per-category ones)
+    between the markers, leaving the text around them alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_demo_table", DOCS.parent / "scripts" / "update_demo_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    (tmp_path / "report.md").write_text("# Experiment\n\n## Overall\n\n| arm |\n|---|\n| talon |\n\n"
+                                        "## Per category\n\n### qa\n\n| arm |\n|---|\n| chain |\n")
+    assert script.overall_table(tmp_path) == "| arm |\n|---|\n| talon |"
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- demo-table:start (note) -->\nold\n<!-- demo-table:end -->\nafter\n")
+    script.replace_block(page, "new")
+    assert page.read_text() == "before\n<!-- demo-table:start (note) -->\nnew\n<!-- demo-table:end -->\nafter\n"
