@@ -79,6 +79,7 @@ class _Row:
     policy: TreePolicy
     committed: list[int]
     out: GenerationOutput
+    generator: torch.Generator | None = None
 
 
 class BatchDecoder:
@@ -112,11 +113,13 @@ class BatchDecoder:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                  eos_token_id: int | Sequence[int] | None = -1,
-                 generator: torch.Generator | None = None) -> BatchOutput:
+                 generator: torch.Generator | None = None, seeds: Sequence[int] | None = None) -> BatchOutput:
         """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
 
-        ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``generator``: shared by all rows
-        (a sampling verifier's per-sequence seeds are not supported yet).
+        ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt; row b
+        then drafts and verifies with its own generator seeded ``seeds[b]``, so a sampled
+        sequence depends only on its prompt and seed, not on its companions. ``generator``
+        (instead): one stream shared by all rows; neither: the plugins' own generators.
         """
         dec = self.decoder
         if not prompts:
@@ -130,18 +133,31 @@ class BatchDecoder:
                 raise ValueError(f"prompt {b} ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) "
                                  f"= {need} exceeds the target's {dec.target.max_positions} positions")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
+        generators = self._generators(len(ids), generator, seeds)
         start = time.perf_counter()
         kv = BatchKV(dec.target)
-        rows = self._begin(kv, ids)
+        rows = self._begin(kv, ids, generators)
         result = BatchOutput(outputs=[row.out for row in rows])
         while rows:
             t0 = time.perf_counter()
-            rows = self._step(kv, rows, max_new_tokens, eos, generator, start)
+            rows = self._step(kv, rows, max_new_tokens, eos, start)
             result.step_times.append(time.perf_counter() - t0)
         result.wall_time = time.perf_counter() - start
         return result
 
-    def _begin(self, kv: BatchKV, ids: list[torch.Tensor]) -> list[_Row]:
+    @staticmethod
+    def _generators(rows: int, generator: torch.Generator | None,
+                    seeds: Sequence[int] | None) -> list[torch.Generator | None]:
+        """Each row's generator: its own from ``seeds``, else the shared ``generator`` (or None)."""
+        if seeds is None:
+            return [generator] * rows
+        if generator is not None:
+            raise ValueError("pass either seeds or generator to generate(), not both")
+        if len(seeds) != rows:
+            raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
+        return [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list) -> list[_Row]:
         """Prefill all prompts in one forward and begin every row's drafter and policy."""
         dec = self.decoder
         prefill = kv.prefill([p[:-1] for p in ids], hidden=dec._needs_hidden)
@@ -157,10 +173,10 @@ class BatchDecoder:
             kw = {"target_logits": logits} if getattr(drafter, "needs_target_logits", False) else {}
             drafter.begin(prompt, target_hidden=hidden, **kw)
             policy.reset()
-            rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[])))
+            rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[]), generators[b]))
         return rows
 
-    def _build(self, rows: list[_Row], generator: torch.Generator | None) -> tuple[list, list, list[int]]:
+    def _build(self, rows: list[_Row]) -> tuple[list, list, list[int]]:
         """Every row's tree under the allocator's budgets, trimmed to the batch budget."""
         dec = self.decoder
         caps = [min(r.policy.max_budget, dec.target.max_positions - (len(r.committed) - 1)) for r in rows]
@@ -173,7 +189,7 @@ class BatchDecoder:
             raise EngineError(f"allocator {self.allocator.name!r} returned budgets {limits} outside [1, {caps}]")
         sessions, trees = [], []
         for row, limit in zip(rows, limits):
-            session = DraftSession(row.drafter, row.committed[-1], dec.target.device, generator,
+            session = DraftSession(row.drafter, row.committed[-1], dec.target.device, row.generator,
                                    context_len=len(row.committed))
             sessions.append(session)
             trees.append(row.policy.build(session, limit))
@@ -183,19 +199,18 @@ class BatchDecoder:
                               f"over the batch budget {total}")
         return trees, sessions, limits
 
-    def _step(self, kv: BatchKV, rows: list[_Row], max_new: int, eos: set[int],
-              generator: torch.Generator | None, start: float) -> list[_Row]:
+    def _step(self, kv: BatchKV, rows: list[_Row], max_new: int, eos: set[int], start: float) -> list[_Row]:
         """One batched step; returns the rows still decoding."""
         dec = self.decoder
         t0 = time.perf_counter()
-        trees, sessions, limits = self._build(rows, generator)
+        trees, sessions, limits = self._build(rows)
         flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, dec.strict)
                  for r, t, lim in zip(rows, trees, limits)]
         t1 = time.perf_counter()
         tree_start = kv.width
         out = kv.tree_forward(trees, hidden=dec._needs_hidden)
         t2 = time.perf_counter()
-        reads = self._verify_and_read(rows, trees, limits, flags, out.logits, generator)
+        reads = self._verify_and_read(rows, trees, limits, flags, out.logits)
         t3 = time.perf_counter()
         paths: list[torch.Tensor | None] = []
         counts: list[int] = []
@@ -230,14 +245,14 @@ class BatchDecoder:
                 live.append(row)
         return live
 
-    def _verify_and_read(self, rows, trees, limits, flags, logits, generator) -> list:
+    def _verify_and_read(self, rows, trees, limits, flags, logits) -> list:
         """Verify every row, then read all verdicts in ONE device-to-host transfer."""
         dec = self.decoder
         records, paths = [], []
         for b, (row, tree, limit, ok) in enumerate(zip(rows, trees, limits, flags)):
             try:
                 last, bonus = checked_decision(dec.verifier.name, tree,
-                                               dec.verifier.verify(tree, logits[b, : len(tree)], generator),
+                                               dec.verifier.verify(tree, logits[b, : len(tree)], row.generator),
                                                dec.target.vocab_size, dec.strict)
             except Exception:
                 reject_tree(row.policy.name, tree, row.committed[-1], limit)
@@ -269,7 +284,7 @@ class BatchDecoder:
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
-                   generator: torch.Generator | None = None) -> BatchOutput:
+                   generator: torch.Generator | None = None, seeds: Sequence[int] | None = None) -> BatchOutput:
     """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`).
 
     A :class:`BatchDecoder` kept on the decoder per allocator spec reuses its rows' drafters
@@ -279,4 +294,4 @@ def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens:
     key = repr(allocator)
     if key not in cache:
         cache[key] = BatchDecoder(decoder, allocator)
-    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator)
+    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds)

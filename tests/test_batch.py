@@ -193,3 +193,28 @@ def test_padded_rows_do_not_leak_into_a_sequence():
     with torch.inference_mode():
         ref = tiny_target()(torch.tensor([[6, 7]])).logits[0, -1]
     assert torch.allclose(logits[1, 0], ref, atol=1e-9)
+
+
+def sampling_decoder(policy: str = "sampled-tree") -> SpecDecoder:
+    """A fresh decoder with the sampling verifier (temperature 1) on the tiny target."""
+    target = TargetModel(tiny_target())
+    return SpecDecoder(target, default_drafter("model", target), make_plugin("policies", (policy, {"budget": 6})),
+                       make_plugin("verifiers", ("sampling", {"temperature": 1.0})))
+
+
+@pytest.mark.parametrize("policy", ["talon", "sampled-tree"])
+@settings(max_examples=EXAMPLES)
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), seed=st.integers(0, 2**31),
+       companions=prompt_lists)
+def test_a_seeded_sampled_sequence_depends_only_on_its_seed(policy, prompt, seed, companions):
+    alone = sampling_decoder(policy).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None, seed=seed)
+    seeds = [seed + 1 + i for i in range(len(companions))]
+    batch = generate_batch(sampling_decoder(policy), [*companions, prompt], max_new_tokens=MAX_NEW,
+                           eos_token_id=None, seeds=[*seeds, seed])
+    assert batch.outputs[-1].tokens == alone.tokens
+    assert step_record(batch.outputs[-1]) == step_record(alone)
+
+
+def test_seeds_must_match_the_prompts():
+    with pytest.raises(ValueError, match="seeds has 1 entries for 2 prompts"):
+        generate_batch(sampling_decoder(), [[1], [2]], max_new_tokens=2, eos_token_id=None, seeds=[0])
