@@ -149,3 +149,19 @@ def test_the_engine_feeds_every_tree_node_the_last_step_included():
     row = _row(dec.drafter, token)
     assert row.keys() == set(want.indices.tolist())
     assert all(math.isclose(row[i], v, abs_tol=1e-5) for i, v in zip(want.indices.tolist(), want.values.tolist()))
+
+
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 5), k=st.integers(1, 8), blocks=st.integers(1, 80),
+       ties=st.booleans())
+def test_blockwise_top_k_equals_torch_topk(seed, rows, k, blocks, ties):
+    from specframe.drafters.recycle import BLOCK, top_k
+
+    logits = torch.randn(rows, blocks * BLOCK + (seed % 2), generator=torch.Generator().manual_seed(seed))
+    if ties:
+        logits = (logits * 4).round()
+    values, ids = top_k(logits, k)
+    want = torch.topk(logits, k, dim=-1)
+    assert torch.equal(values, want.values)
+    assert torch.equal(logits.gather(1, ids), values) and all(len(set(r)) == k for r in ids.tolist())
+    if not ties:
+        assert torch.equal(ids, want.indices)
