@@ -77,9 +77,8 @@ class CostCurve:
 
     def priced_size(self, n: int) -> int:
         """The row count a forward of ``n`` tree tokens really runs: the next of
-        :attr:`padded_to` (when it was measured), else ``n``. (With MKL-packed linears, SmolLM2
-        verified 5 and 6 tokens in 51 and 54 ms against 44 for 4 and 52 for 8; interpolated
-        linearly, sizes 5-7 looked a third cheaper than they are and the chooser kept them.)"""
+        :attr:`padded_to` (when it was measured), else ``n``: MKL-packed linears run 5-7 tokens as
+        8, and read as a line those sizes look a third cheaper than they are (docs/auto-sizing.md)."""
         i = bisect.bisect_left(self.padded_to, n)
         if i < len(self.padded_to) and self.padded_to[i] in self.sizes:
             return self.padded_to[i]
@@ -94,11 +93,9 @@ class CostCurve:
         """``[T(1), ..., T(n_max)]`` from the least-squares fit of the measured grid that never
         decreases in size or in cache length (:func:`isotonic_grid`): a larger tree or a longer
         cache never costs less, and a measured dip is noise that would make a size chooser jump
-        to it. (A running maximum, the first fix, lifted every later size to the highest noisy
-        point before it, so a curve that dipped at n = 4 read flat from 2 to 12. Fitting each
-        cache length alone, the second, let one slow T(1) pool with T(2) and price the second
-        token at nothing: SmolLM2 measured T(1) = 63, T(2) = 60 ms at L = 64 but T(1) = 55 ms
-        at L = 200, so every step drafted a token that was right one time in fifty.)"""
+        to it. A running maximum would lift every later size to a noisy peak before it, and a fit
+        per cache length alone lets one slow T(1) pool with T(2) and price the second token at
+        nothing (both seen on real curves: docs/auto-sizing.md, "The cost curve")."""
         out: list[float] = []
         for n in range(1, n_max + 1):
             out.append(max(self._at(self._fitted, n, cache_len), out[-1] if out else 0.0))
