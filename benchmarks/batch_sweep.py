@@ -1,11 +1,12 @@
 """Batch sweep: batched speculative decoding against batched autoregressive decoding, B = 1, 2, 4, 8.
 
 One interleaved run: the prompts are cut into batches of B, and every arm decodes each batch in
-turn (AR, equal, shared, AR, equal, shared, ...), so machine drift hits all arms alike.
+turn (ar, equal, shared, acceptance, ar, ...), so machine drift hits all arms alike.
 
 * ``ar``: transformers ``generate`` on the left-padded batch with its attention mask, greedy.
 * ``equal``: :mod:`specframe.batch` with the ``equal`` allocator; ``shared``: the ``shared``
-  (ECHO-style, one gate over all trees) allocator. Both get the same batch budget,
+  (ECHO-style, one gate over all trees) allocator; ``acceptance``: shares by recent accepted
+  lengths. All get the same batch budget,
   ``B x --budget`` nodes per step, and each sequence's policy may build up to ``2 x --budget``
   (so the shared allocator has room to give a confident sequence more than its even share).
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from auto_sizing import PAIRS  # noqa: E402  (the pairs of the published tables)
 
-ALLOCATORS = ("equal", "shared")
+ALLOCATORS = ("equal", "shared", "acceptance")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

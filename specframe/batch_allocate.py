@@ -101,3 +101,27 @@ def make_allocator(spec: Any) -> BatchAllocator:
         raise ValueError(f"unknown allocator {name!r}; available allocators: {', '.join(sorted(classes))}")
     cls = classes[name]
     return cls(build_options(cls.Options, values, f"allocator {name!r}"))
+
+
+def check_allocation(allocator: BatchAllocator, caps: Sequence[int], history: Sequence[Sequence[StepStats]],
+                     total: int, build: Any) -> list[DraftTree]:
+    """One allocation step checked against the rules the batch engine enforces (for an
+    allocator's own tests; ``tests/test_batch.py`` runs it on every registered allocator).
+
+    ``build(b, budget)``: a valid tree of at most ``budget`` nodes for row b (a stand-in for the
+    policy). Raises AssertionError naming the broken rule; returns the trimmed trees.
+    """
+    name = allocator.name
+    budgets = allocator.budgets(caps, history, total)
+    assert len(budgets) == len(caps), f"allocator {name!r}: {len(budgets)} budgets for {len(caps)} sequences"
+    for b, (budget, cap) in enumerate(zip(budgets, caps)):
+        assert 1 <= budget <= cap, f"allocator {name!r}: budget {budget} of sequence {b} outside [1, {cap}]"
+    built = [build(b, budget) for b, budget in enumerate(budgets)]
+    trees = allocator.trim(built, total)
+    assert len(trees) == len(built), f"allocator {name!r}: trim returned {len(trees)} trees for {len(built)}"
+    size = sum(len(t) for t in trees)
+    assert size <= total, f"allocator {name!r}: {size} nodes kept, over the batch budget {total}"
+    for b, (tree, before) in enumerate(zip(trees, built)):
+        tree.check_valid(len(before))
+        assert int(tree.tokens[0]) == int(before.tokens[0]), f"allocator {name!r}: sequence {b} lost its root"
+    return trees

@@ -23,7 +23,7 @@ def register_tree_policies(register):
 @hookimpl
 def register_batch_allocators(register):
     """Register the built-in batch allocators (see specframe.batch_allocate)."""
-    from .allocators import EqualSplit, SharedBudget
+    from .allocators import AcceptanceShare, EqualSplit, SharedBudget
 
-    register(EqualSplit)
-    register(SharedBudget)
+    for allocator in (EqualSplit, SharedBudget, AcceptanceShare):
+        register(allocator)

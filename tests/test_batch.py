@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe.batch import BatchDecoder, generate_batch
-from specframe.batch_allocate import BatchAllocator, make_allocator, water_fill
+from specframe.batch_allocate import BatchAllocator, allocator_classes, make_allocator, water_fill
 from specframe.engine import SpecDecoder, make_plugin
 from specframe.plugins import get_registry
 from specframe.target import TargetModel
@@ -138,7 +138,7 @@ def test_water_fill_splits_evenly_under_caps():
 
 
 def test_unknown_allocator_lists_the_registered_ones():
-    with pytest.raises(ValueError, match="available allocators: equal, shared"):
+    with pytest.raises(ValueError, match="available allocators: acceptance, equal, shared"):
         make_allocator("nope")
 
 
@@ -218,3 +218,61 @@ def test_a_seeded_sampled_sequence_depends_only_on_its_seed(policy, prompt, seed
 def test_seeds_must_match_the_prompts():
     with pytest.raises(ValueError, match="seeds has 1 entries for 2 prompts"):
         generate_batch(sampling_decoder(), [[1], [2]], max_new_tokens=2, eos_token_id=None, seeds=[0])
+
+
+@st.composite
+def allocation_cases(draw):
+    """Caps, histories and a batch budget of 1-6 live sequences."""
+    from specframe.interfaces import StepStats
+
+    rows = draw(st.integers(1, 6))
+    caps = draw(st.lists(st.integers(1, 12), min_size=rows, max_size=rows))
+    history = [[StepStats(tree_size=4, depth=2, accepted=a, emitted=a + 1, draft_forwards=2, draft_time=0.0,
+                          policy_time=0.0, target_time=0.0, verify_time=0.0, other_time=0.0, widths=[1],
+                          accepted_ranks=[0] * a) for a in draw(st.lists(st.integers(0, 5), max_size=6))]
+               for _ in range(rows)]
+    total = draw(st.integers(rows, sum(caps) + 4))
+    return caps, history, total
+
+
+@pytest.mark.parametrize("name", sorted(allocator_classes()))
+@settings(max_examples=4 * EXAMPLES)
+@given(case=allocation_cases(), data=st.data())
+def test_every_registered_allocator_keeps_the_rules(name, case, data):
+    from specframe.batch_allocate import check_allocation
+    from specframe.testing.strategies import draft_trees
+
+    caps, history, total = case
+    allocator = make_allocator((name, {"budget": total}))
+    check_allocation(allocator, caps, history, total,
+                     lambda b, budget: data.draw(draft_trees(max_nodes=budget), label=f"tree {b}"))
+
+
+def test_acceptance_allocator_favours_the_sequence_that_accepts_more():
+    from specframe.interfaces import StepStats
+
+    def steps(accepted):
+        return [StepStats(4, 2, accepted, accepted + 1, 2, 0.0, 0.0, 0.0, 0.0, 0.0, [1], [0] * accepted)] * 3
+
+    shares = make_allocator(("acceptance", {"budget": 12})).budgets([12, 12], [steps(5), steps(0)], 12)
+    assert shares[0] > shares[1] and sum(shares) == 12
+
+
+def test_check_allocation_names_an_allocator_over_the_batch_budget():
+    from specframe.batch_allocate import check_allocation
+    from specframe.tree import DraftTree
+
+    class Greedy(BatchAllocator):
+        name = "greedy-rows"
+
+        def budgets(self, caps, history, total):
+            return list(caps)  # everyone takes its cap: over the total, and no trim
+
+    def chain(b, budget):
+        tree = DraftTree.root(b)
+        for _ in range(budget - 1):
+            tree = tree.add_nodes(torch.tensor([len(tree) - 1]), torch.tensor([1]), torch.tensor([-1.0]))
+        return tree
+
+    with pytest.raises(AssertionError, match="'greedy-rows': 8 nodes kept, over the batch budget 5"):
+        check_allocation(Greedy(None), [4, 4], [[], []], 5, chain)
