@@ -113,11 +113,11 @@ class BatchDecoder:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                  eos_token_id: int | Sequence[int] | None = -1,
-                 generator: torch.Generator | None = None, seeds: Sequence[int] | None = None) -> BatchOutput:
+                 generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None) -> BatchOutput:
         """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
 
-        ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt; row b
-        then drafts and verifies with its own generator seeded ``seeds[b]``, so a sampled
+        ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt (an int
+        or a ``torch.Generator``); row b then drafts and verifies with its own generator, so a sampled
         sequence depends only on its prompt and seed, not on its companions. ``generator``
         (instead): one stream shared by all rows; neither: the plugins' own generators.
         """
@@ -147,7 +147,7 @@ class BatchDecoder:
 
     @staticmethod
     def _generators(rows: int, generator: torch.Generator | None,
-                    seeds: Sequence[int] | None) -> list[torch.Generator | None]:
+                    seeds: Sequence[Any] | None) -> list[torch.Generator | None]:
         """Each row's generator: its own from ``seeds``, else the shared ``generator`` (or None)."""
         if seeds is None:
             return [generator] * rows
@@ -155,7 +155,7 @@ class BatchDecoder:
             raise ValueError("pass either seeds or generator to generate(), not both")
         if len(seeds) != rows:
             raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
-        return [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+        return [s if isinstance(s, torch.Generator) else torch.Generator().manual_seed(int(s)) for s in seeds]
 
     def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list) -> list[_Row]:
         """Prefill all prompts in one forward and begin every row's drafter and policy."""
@@ -284,7 +284,7 @@ class BatchDecoder:
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
-                   generator: torch.Generator | None = None, seeds: Sequence[int] | None = None) -> BatchOutput:
+                   generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None) -> BatchOutput:
     """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`).
 
     A :class:`BatchDecoder` kept on the decoder per allocator spec reuses its rows' drafters
@@ -295,3 +295,18 @@ def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens:
     if key not in cache:
         cache[key] = BatchDecoder(decoder, allocator)
     return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds)
+
+
+@torch.inference_mode()
+def autoregressive_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                         eos: set[int]) -> list[list[int]]:
+    """Batched greedy baseline: transformers ``generate`` on the left-padded prompts with the
+    all-ones-where-real attention mask; each row cut after its first EOS."""
+    width = max(len(p) for p in prompts)
+    pad = min(eos) if eos else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    stop = dict(eos_token_id=sorted(eos), pad_token_id=pad) if eos else dict(min_new_tokens=max_new_tokens)
+    out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                         max_new_tokens=max_new_tokens, **stop)
+    return [BatchDecoder._cut(row[width:].tolist(), max_new_tokens, eos) for row in out]

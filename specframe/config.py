@@ -171,9 +171,15 @@ class RunSettings:
     seed: int = 0
     stop_at_eos: bool = True
     threads: int | None = None
+    #: Prompts decoded together (docs/batching.md); specframe arms and ``autoregressive`` only.
+    batch_size: int = 1
+    #: How a batch's node budget is split (a registered batch allocator's name).
+    batch_allocator: str = "equal"
+    #: Nodes per sequence in the batch budget (total = batch_budget x batch_size); None = none.
+    batch_budget: int | None = None
 
     def __post_init__(self) -> None:
-        _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1)
+        _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1, batch_size=1, batch_budget=1)
 
 
 @dataclass(kw_only=True)
@@ -204,6 +210,9 @@ class ExperimentConfig(RunSettings):
             "max_new_tokens": self.max_new_tokens, "seed": self.seed, "stop_at_eos": self.stop_at_eos,
             "data": {"path": str(self.data.path), "category": self.data.category,
                      "chat_template": self.data.chat_template},
+            # Only batched runs carry the key, so unbatched runs resume as before.
+            **({"batch": {"size": self.batch_size, "allocator": self.batch_allocator, "budget": self.batch_budget}}
+               if self.batch_size > 1 else {}),
         })
 
 
@@ -500,8 +509,25 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
     return ExperimentConfig(
         name=t.name, target=target, arms=arms, data=_parse_data(t.data, base), output=output, models=models,
         drafter=drafter, max_new_tokens=t.max_new_tokens, warmup=t.warmup, repeats=t.repeats, seed=t.seed,
-        stop_at_eos=t.stop_at_eos, threads=t.threads, source=source,
+        stop_at_eos=t.stop_at_eos, threads=t.threads, source=source, batch_size=t.batch_size,
+        batch_allocator=_batch_allocator(t.batch_allocator, t.batch_size, arms), batch_budget=t.batch_budget,
     )
+
+
+def _batch_allocator(name: str, batch_size: int, arms: list[ArmConfig]) -> str:
+    """``batch_allocator`` checked against the registered allocators, and batched arms against
+    what batching supports (specframe arms and the ``autoregressive`` baseline)."""
+    if batch_size > 1:
+        from .batch_allocate import allocator_classes
+
+        names = sorted(allocator_classes())
+        if name not in names:
+            raise ConfigError(f"batch_allocator {name!r} is not one of {', '.join(names)}")
+        odd = [a.name for a in arms if a.baseline not in (None, "autoregressive")]
+        if odd:
+            raise ConfigError(f"batch_size = {batch_size}: arms {odd} are baselines that do not batch; "
+                              "batched runs take specframe arms and the 'autoregressive' baseline")
+    return name
 
 
 def _draft_models(arm: ArmConfig) -> list[str]:

@@ -456,6 +456,9 @@ class Experiment:
             self._say(f"warm-up: {cfg.warmup} untimed generation(s) per arm ...")
         self._warmup(pending, runners, encoder, questions[0], eos)
         computed = 0
+        if cfg.batch_size > 1:
+            with self._progress(total=skipped + len(todo), completed=skipped) as advance:
+                return self._compute_batched(todo, runners, encoder, target, eos, store, advance)
         with self._progress(total=skipped + len(todo), completed=skipped) as advance:
             for repeat, question, arm in todo:
                 record = store.append(self._answer(arm, runners[arm.name], encoder, question, repeat, eos, target))
@@ -464,6 +467,75 @@ class Experiment:
                 if self.on_record is not None:
                     self.on_record(arm.name, record)
         return computed
+
+    def _compute_batched(self, todo: list, runners: dict, encoder: PromptEncoder, target: Any, eos: set[int],
+                         store: AnswerStore, advance: Callable) -> int:
+        """``batch_size`` > 1: the questions in chunks of B, every arm decoding each chunk in turn.
+
+        A record's ``wall_time`` is its share of the batch's wall time by tokens, so the report's
+        tokens/s is the batch's throughput; ``extra["batch"]`` keeps the batch size, the
+        sequence's latency (batch start to its last token) and the batch's wall time.
+        """
+        from .batch import BatchDecoder, autoregressive_batch
+
+        cfg = self.config
+        work = {(r, answer_key(q.question_id, r), a.name) for r, q, a in todo}
+        chunks: list[tuple[int, list[Question]]] = []
+        for repeat in sorted({r for r, _, _ in todo}):
+            qs = list({answer_key(q.question_id, repeat): q for r, q, _ in todo if r == repeat}.values())
+            chunks += [(repeat, qs[i : i + cfg.batch_size]) for i in range(0, len(qs), cfg.batch_size)]
+        computed = 0
+        for repeat, chunk in chunks:
+            for arm in cfg.arms:
+                qs = [q for q in chunk if (repeat, answer_key(q.question_id, repeat), arm.name) in work]
+                if not qs:
+                    continue
+                prompts = [self._single_turn_prompt(encoder, q, target) for q in qs]
+                runner = runners[arm.name]
+                _sync(target.device)
+                start = time.perf_counter()
+                if arm.baseline == "autoregressive":
+                    tokens = autoregressive_batch(target.model, prompts, cfg.max_new_tokens, eos)
+                    outs = [ArmOutput(t, len(t), 0, [1] * len(t)) for t in tokens]
+                    latency = None
+                else:
+                    if not isinstance(runner, SpecRunner):
+                        raise ExperimentError(f"batch_size = {cfg.batch_size}: arm {arm.name!r} does not decode "
+                                              "with the engine, so it cannot batch; set batch_size = 1")
+                    batcher = runner.__dict__.setdefault("batch", BatchDecoder(
+                        runner.decoder, (cfg.batch_allocator, {"budget": None})))
+                    batcher.allocator.options.budget = cfg.batch_budget and cfg.batch_budget * len(qs)
+                    res = batcher.generate(prompts, cfg.max_new_tokens, sorted(eos) or None,
+                                           seeds=[self._generator(repeat, 0, q.question_id) for q in qs])
+                    outs = [ArmOutput(list(o.tokens), len(o.steps), sum(s.draft_forwards for s in o.steps),
+                                      [s.emitted for s in o.steps], steps=o.steps) for o in res.outputs]
+                    latency = [o.wall_time for o in res.outputs]
+                _sync(target.device)
+                wall = time.perf_counter() - start
+                total = max(1, sum(len(o.tokens) for o in outs))
+                for i, (q, prompt, out) in enumerate(zip(qs, prompts, outs)):
+                    share = wall * len(out.tokens) / total
+                    model_id = f"{Path(cfg.target.model).name}-{arm.slug}"
+                    record = make_record(arm, q, repeat, model_id, runner.greedy,
+                                         [(prompt, out, share, encoder.decode(out.tokens))], 0)
+                    record.extra["batch"] = {"size": len(qs), "latency": round(latency[i] if latency else wall, 7),
+                                             "wall": round(wall, 7)}
+                    store.append(record)
+                    computed += 1
+                    advance(arm.name)
+                    if self.on_record is not None:
+                        self.on_record(arm.name, record)
+        return computed
+
+    def _single_turn_prompt(self, encoder: PromptEncoder, q: Question, target: Any) -> list[int]:
+        """The prompt of a one-turn question (batched runs decode one turn per sequence)."""
+        if len(q.turns) != 1:
+            raise ExperimentError(f"batch_size = {self.config.batch_size}: question {q.question_id!r} has "
+                                  f"{len(q.turns)} turns; batched runs take single-turn questions only "
+                                  "(set batch_size = 1 for multi-turn data)")
+        prompt = encoder.encode(q.turns, [], None)
+        self._check_length(prompt, target, q)
+        return prompt
 
     def _say(self, text: str) -> None:
         if self.progress:
