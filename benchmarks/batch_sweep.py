@@ -91,27 +91,13 @@ def decoder(args: argparse.Namespace, target: Any) -> Any:
     return SpecDecoder(target, drafter, policy, make_plugin("verifiers", "greedy"), strict=False)
 
 
-def cut(tokens: list[int], eos: set[int]) -> list[int]:
-    """Tokens up to and including the first EOS."""
-    for i, tok in enumerate(tokens):
-        if tok in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
-@torch.inference_mode()
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
-    """transformers ``generate`` on the left-padded batch: (tokens per prompt, wall seconds)."""
-    width = max(len(p) for p in prompts)
-    pad = min(eos) if eos else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    stop = dict(eos_token_id=sorted(eos), pad_token_id=pad) if eos else dict(min_new_tokens=max_new)
+    """Batched autoregressive decoding (:func:`specframe.batch.autoregressive_batch`): (tokens, wall seconds)."""
+    from specframe.batch import autoregressive_batch
+
     t0 = time.perf_counter()
-    out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                         max_new_tokens=max_new, **stop)
-    wall = time.perf_counter() - t0
-    return [cut(row[width:].tolist(), eos) for row in out], wall
+    tokens = autoregressive_batch(model, prompts, max_new, eos)
+    return tokens, time.perf_counter() - t0
 
 
 @torch.inference_mode()

@@ -220,7 +220,8 @@ class BatchDecoder:
                 or any(t in eos for t in emitted)
             paths.append(None if finished else read.path)
             hidden = tuple(h[b : b + 1, : len(tree)] for h in out.hidden_states) if dec._needs_hidden else None
-            kw = {"target_logits": out.logits[b, : len(tree)]} if getattr(row.drafter, "needs_target_logits", False) else {}
+            wants_logits = getattr(row.drafter, "needs_target_logits", False)
+            kw = {"target_logits": out.logits[b, : len(tree)]} if wants_logits else {}
             row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree, **kw)
             counts.append(len(emitted))
             row.committed += emitted

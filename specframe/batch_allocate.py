@@ -84,7 +84,8 @@ def allocator_classes() -> dict[str, type]:
         if not name:
             raise PluginError(f"allocator class {cls.__qualname__} has no `name`")
         if name in found and found[name] is not cls:
-            raise PluginError(f"allocator name {name!r} registered twice ({found[name].__qualname__}, {cls.__qualname__})")
+            raise PluginError(f"allocator name {name!r} registered twice "
+                              f"({found[name].__qualname__}, {cls.__qualname__})")
         found[name] = cls
 
     get_registry().pm.hook.register_batch_allocators(register=register)

@@ -93,7 +93,9 @@ class BatchKV:
         cols = torch.arange(width)
         causal = torch.ones(width, width, dtype=torch.bool).tril()
         # A key past a row's prefix is padding; a padding query still sees keys (no empty softmax row).
-        visible = causal[None] & ((cols[None, None, :] < lengths[:, None, None]) | (cols[None, :, None] >= lengths[:, None, None]))
+        real_key = cols[None, None, :] < lengths[:, None, None]
+        padding_query = cols[None, :, None] >= lengths[:, None, None]
+        visible = causal[None] & (real_key | padding_query)
         return self._forward(tokens, cols.expand(rows, width), visible, hidden)
 
     @torch.inference_mode()
