@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> dict:
     solo = [ar_batch(model, [p], args.max_new_tokens, eos)[0][0] for p in prompts]
     dec = decoder(args, target)
     batchers = {a: BatchDecoder(dec, (a, {"budget": args.budget * max(args.sizes)})) for a in ALLOCATORS}
-    BatchDecoder(dec).generate(prompts[:2], max_new_tokens=4, eos_token_id=sorted(eos) or None)  # warm-up
+    for batcher in batchers.values():  # rows built and every code path run once, untimed
+        batcher.prepare(max(args.sizes))
+        batcher.generate(prompts[:2], max_new_tokens=4, eos_token_id=sorted(eos) or None)
     figures: dict = {}
     with Progress() as bar:
         task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) for b in args.sizes))

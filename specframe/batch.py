@@ -104,6 +104,11 @@ class BatchDecoder:
         self._drafters: list[Drafter] = [decoder.drafter]
         self._policies: list[TreePolicy] = [decoder.policy]
 
+    def prepare(self, rows: int) -> None:
+        """Build the drafters and policies of ``rows`` rows now (loading a draft model or head),
+        so that a timed generation does not pay for it."""
+        self._slot(rows - 1)
+
     def _slot(self, b: int) -> tuple[Drafter, TreePolicy]:
         while len(self._drafters) <= b:
             self._drafters.append(self._drafter_factory(self.decoder))

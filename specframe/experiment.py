@@ -492,6 +492,12 @@ class Experiment:
                     continue
                 prompts = [self._single_turn_prompt(encoder, q, target) for q in qs]
                 runner = runners[arm.name]
+                if isinstance(runner, SpecRunner) and "batch" not in runner.__dict__:
+                    # Rows' drafters and policies are built (a draft model or head loads) before the clock.
+                    runner.batch = BatchDecoder(runner.decoder, (cfg.batch_allocator, {"budget": None}))
+                    runner.batch.prepare(cfg.batch_size)
+                    if cfg.warmup:  # the batched path once, untimed, like the arms' warm-up
+                        runner.batch.generate(prompts, 2, sorted(eos) or None)
                 _sync(target.device)
                 start = time.perf_counter()
                 if arm.baseline == "autoregressive":
@@ -502,8 +508,7 @@ class Experiment:
                     if not isinstance(runner, SpecRunner):
                         raise ExperimentError(f"batch_size = {cfg.batch_size}: arm {arm.name!r} does not decode "
                                               "with the engine, so it cannot batch; set batch_size = 1")
-                    batcher = runner.__dict__.setdefault("batch", BatchDecoder(
-                        runner.decoder, (cfg.batch_allocator, {"budget": None})))
+                    batcher = runner.batch
                     batcher.allocator.options.budget = cfg.batch_budget and cfg.batch_budget * len(qs)
                     res = batcher.generate(prompts, cfg.max_new_tokens, sorted(eos) or None,
                                            seeds=[self._generator(repeat, 0, q.question_id) for q in qs])

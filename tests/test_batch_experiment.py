@@ -15,7 +15,7 @@ from specframe.runs import read_answers
 CONFIG = """
 name = "tiny-batch"
 max_new_tokens = 10
-warmup = 0
+warmup = 1
 stop_at_eos = false
 threads = 1
 {batch}
