@@ -93,7 +93,7 @@ def decoder(args: argparse.Namespace, target: Any) -> Any:
 
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
     """Batched autoregressive decoding (:func:`specframe.batch.autoregressive_batch`): (tokens, wall seconds)."""
-    from specframe.batch import autoregressive_batch
+    from specframe.batch_baseline import autoregressive_batch
 
     t0 = time.perf_counter()
     tokens = autoregressive_batch(model, prompts, max_new, eos)

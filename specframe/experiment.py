@@ -476,7 +476,8 @@ class Experiment:
         tokens/s is the batch's throughput; ``extra["batch"]`` keeps the batch size, the
         sequence's latency (batch start to its last token) and the batch's wall time.
         """
-        from .batch import BatchDecoder, autoregressive_batch
+        from .batch import BatchDecoder
+        from .batch_baseline import autoregressive_batch
 
         cfg = self.config
         work = {(r, answer_key(q.question_id, r), a.name) for r, q, a in todo}
