@@ -181,8 +181,9 @@ class BatchDecoder:
             rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[]), generators[b]))
         return rows
 
-    def _build(self, rows: list[_Row]) -> tuple[list, list, list[int]]:
-        """Every row's tree under the allocator's budgets, trimmed to the batch budget."""
+    def _build(self, rows: list[_Row]) -> tuple[list, list, list[int], list[float]]:
+        """Every row's tree under the allocator's budgets, trimmed to the batch budget; and each
+        row's policy time (its build less its drafting)."""
         dec = self.decoder
         caps = [min(r.policy.max_budget, dec.target.max_positions - (len(r.committed) - 1)) for r in rows]
         total = self.allocator.total(caps)
@@ -192,23 +193,24 @@ class BatchDecoder:
         limits = self.allocator.budgets(caps, [r.out.steps for r in rows], total)
         if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
             raise EngineError(f"allocator {self.allocator.name!r} returned budgets {limits} outside [1, {caps}]")
-        sessions, trees = [], []
+        sessions, trees, policy_times = [], [], []
         for row, limit in zip(rows, limits):
+            t0 = time.perf_counter()
             session = DraftSession(row.drafter, row.committed[-1], dec.target.device, row.generator,
                                    context_len=len(row.committed))
             sessions.append(session)
             trees.append(row.policy.build(session, limit))
+            policy_times.append(time.perf_counter() - t0 - session.draft_time)
         trees = self.allocator.trim(trees, total)
         if sum(len(t) for t in trees) > total:
             raise EngineError(f"allocator {self.allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "
                               f"over the batch budget {total}")
-        return trees, sessions, limits
+        return trees, sessions, limits, policy_times
 
     def _step(self, kv: BatchKV, rows: list[_Row], max_new: int, eos: set[int], start: float) -> list[_Row]:
         """One batched step; returns the rows still decoding."""
         dec = self.decoder
-        t0 = time.perf_counter()
-        trees, sessions, limits = self._build(rows)
+        trees, sessions, limits, policy_times = self._build(rows)
         flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, dec.strict)
                  for r, t, lim in zip(rows, trees, limits)]
         t1 = time.perf_counter()
@@ -235,11 +237,12 @@ class BatchDecoder:
         kv.keep(paths, tree_start)
         t4 = time.perf_counter()
         live = []
-        for row, tree, read, session, limit, count, path in zip(rows, trees, reads, sessions, limits, counts, paths):
+        for row, tree, read, session, limit, count, path, policy_time in zip(
+                rows, trees, reads, sessions, limits, counts, paths, policy_times):
             stats = StepStats(
                 tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
                 emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
-                policy_time=(t1 - t0) - session.draft_time, target_time=t2 - t1, verify_time=t3 - t2,
+                policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
                 other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
                 budget_cut=row.policy.max_budget - limit,
             )
