@@ -291,3 +291,17 @@ def test_check_allocation_names_an_allocator_over_the_batch_budget():
 
     with pytest.raises(AssertionError, match="'greedy-rows': 8 nodes kept, over the batch budget 5"):
         check_allocation(Greedy(None), [4, 4], [[], []], 5, chain)
+
+
+def test_batched_autoregressive_is_plain_greedy_per_row():
+    """Left padding and the mask leave each row greedy; without EOS the config's EOS id (1 here)
+    is an ordinary token, as for the speculative arms."""
+    from specframe.batch_baseline import autoregressive_batch
+
+    model = tiny_target()
+    prompts = [[5, 1, 62, 6, 27, 0, 1, 24], [3], [9, 9, 4]]
+    rows = autoregressive_batch(model, prompts, MAX_NEW, set())
+    assert rows == [greedy_reference(model, p, MAX_NEW, None) for p in prompts]
+    assert 1 in rows[0]  # the case that tells the two apart
+    stopped = autoregressive_batch(model, prompts, MAX_NEW, {1})
+    assert stopped == [greedy_reference(model, p, MAX_NEW, 1) for p in prompts]
