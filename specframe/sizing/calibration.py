@@ -10,8 +10,7 @@ posterior mean with an optimistic prior (every bin starts at >= 0.5), so new kin
 verified until the data says otherwise.
 
 :class:`RankAcceptance` keeps the same kind of posterior per rank of the root's children: what
-the root-width rule reads, with :meth:`Calibration.extension` for a near-free drafter
-(docs/auto-sizing.md, "Root width").
+the root-width rule reads (docs/auto-sizing.md, "The public route").
 """
 
 from __future__ import annotations
@@ -119,18 +118,6 @@ class Calibration:
             self._log_c[cell] = math.log(min(max(mean, 1e-6), C_MAX))
             cell += self.BINS
 
-    def extension(self) -> float:
-        """Calibrated P(accepted | parent accepted) of a top-ranked node below depth 1, the
-        posterior means of its cells averaged by their tries: what one more level of a tree's
-        best path is expected to be worth, before the step's draft probabilities are known. 0
-        while no such node has been tried (nothing known of depth yet)."""
-        self.log_c()  # refreshes the posterior means
-        cells = range(self.BINS, DEPTHS * self.BINS)  # rank class 0, depth classes 2 and deeper
-        tried = sum(self.tried_counts[cell] for cell in cells)
-        if tried <= 0.0:
-            return 0.0
-        return sum(self.tried_counts[cell] * self._means[cell] for cell in cells) / tried
-
     def record(self, cells: list[int], accepted: list[bool]) -> None:
         """Count tried nodes (flat cell index each) and which of them were accepted."""
         if not cells:
@@ -190,8 +177,8 @@ class RankAcceptance:
 
     def width(self, most: int, price: float) -> int:
         """Root children worth drafting: rank 0, then each next rank while its acceptance pays
-        ``price`` (the expected tokens a row must bring: its share of the step's time, or what
-        the row would bring spent elsewhere), at most ``most``."""
+        ``price`` (the expected tokens a row must bring to buy its share of the step), at most
+        ``most``."""
         width = 1
         while width < most and self.probability(width) >= price:
             width += 1

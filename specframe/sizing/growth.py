@@ -8,8 +8,7 @@ to skip drafting, and how wide the root's first layer should be.
 * Dry spells. When no size paid for its drafting for a while, the drafter is asked on one step
   in ``PROBE_EVERY``.
 * Root width. The root's children of rank 0, 1, ... are drafted while the calibrated acceptance
-  of each rank pays for its row (:class:`~specframe.sizing.calibration.RankAcceptance`); for a
-  near-free drafter, also while it beats one more level of the best path.
+  of each rank pays for its row (:class:`~specframe.sizing.calibration.RankAcceptance`).
 
 A drafter whose layers cost next to nothing (:attr:`CostModel.cheap_drafts`) is exempt from the
 cap, the dry-spell skips and the growth factor: its waste is nil.
@@ -64,16 +63,10 @@ class GrowthControl:
     def root_width(self, most: int, context: int | None = None) -> int:
         """How many of the root's top children to draft, at most ``most``: rank 0, then each
         next rank while its calibrated acceptance pays for its row at the running token rate
-        (all of them until a rate is measured). A near-free drafter (:attr:`cheap_drafts`)
-        would spend the row one level deeper on the best path instead, so rank r is kept only
-        while it also beats that extension: P(rank 0) times the calibrated conditional of a
-        deeper top-ranked node (:meth:`~specframe.sizing.Calibration.extension`)."""
+        (all of them until a rate is measured)."""
         if self.rate <= 0.0:
             return most
         price = self.rate * self.node_seconds(2, context)
-        if self.cheap_drafts:
-            # The row's cost is the copied span's next token it displaces, not its time.
-            price = max(price, self.ranks.probability(0) * self.calibration.extension())
         return self.ranks.width(most, price)
 
     def worth_growing(self, best_new: float, c_best: float, size: int, context: int | None,
