@@ -220,64 +220,6 @@ def save(curve: CostCurve) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------- the linear kernel choice
-#: The "auto" linear kernel chosen per model, CPU, threads and torch version, per process and
-#: cache directory (the file is read once).
-_KERNEL_MEMO: dict[tuple[Path, str], str] = {}
-
-
-def cpu_label() -> str:
-    """This CPU's model name (``/proc/cpuinfo``), else the processor or machine name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return safe(line.split(":", 1)[1].strip())
-    except OSError:
-        pass
-    import platform
-
-    return safe(platform.processor() or platform.machine() or "cpu")
-
-
-def kernel_choice_key(model: Any, threads: int | None = None) -> str:
-    """Cache key of ``model``'s ``"auto"`` linear kernel (before its linears are replaced):
-    the model, this CPU, torch threads and torch version."""
-    base = curve_key(model, torch.device("cpu"), torch.float32, threads)
-    return f"linear-kernel_{base}_{cpu_label()}"
-
-
-def load_kernel_choice(key: str) -> str | None:
-    """The kernel cached for ``key``, or None (a damaged file counts as absent)."""
-    where = cache_dir()
-    if (where, key) in _KERNEL_MEMO:
-        return _KERNEL_MEMO[where, key]
-    try:
-        kernel = json.loads((where / f"{key}.json").read_text(encoding="utf-8"))["kernel"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(kernel, str):
-        return None
-    _KERNEL_MEMO[where, key] = kernel
-    return kernel
-
-
-def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: tuple[int, ...]) -> None:
-    """Cache ``kernel`` for ``key`` beside the cost curves, with the timings it was chosen on
-    (seconds of one forward at each of ``rows``, summed). A read-only cache keeps it for the
-    process only."""
-    where = cache_dir()
-    _KERNEL_MEMO[where, key] = kernel
-    record = {"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds}
-    path = where / f"{key}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
-
-
 # ---------------------------------------------------------------------- measuring
 def balanced_tree(n: int, vocab: int, fanout: int = 4) -> DraftTree:
     """An n-node tree of the given fan-out (breadth first): a typical verification workload."""

@@ -18,7 +18,8 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 HARNESS = ("specframe.config", "specframe.experiment", "specframe.runs", "specframe.metrics", "specframe.report",
-           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock")
+           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock",
+           "specframe.replay")
 
 #: THE rules: layer -> what its modules may import (besides the standard library and third parties).
 #: "core" counts only public modules for plugins: no ``_private`` module, no harness, no CLI. A plugin
