@@ -21,7 +21,7 @@ from .batch_allocate import BatchAllocator, make_allocator
 from .batch_kv import BatchKV
 from .contract import EngineError, checked_decision, reject_tree, tree_flag
 from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, logits_keyword
 from .step_read import pack_step, unpack_step
 
 
@@ -175,8 +175,7 @@ class BatchDecoder:
                 hidden = tuple(h[b : b + 1, :n] for h in prefill.hidden_states)
             if n > 0 and dec._needs_logits:
                 logits = prefill.logits[b, :n]
-            kw = {"target_logits": logits} if getattr(drafter, "needs_target_logits", False) else {}
-            drafter.begin(prompt, target_hidden=hidden, **kw)
+            drafter.begin(prompt, target_hidden=hidden, **logits_keyword(drafter, logits))
             policy.reset()
             rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[]), generators[b]))
         return rows
@@ -227,9 +226,8 @@ class BatchDecoder:
                 or any(t in eos for t in emitted)
             paths.append(None if finished else read.path)
             hidden = tuple(h[b : b + 1, : len(tree)] for h in out.hidden_states) if dec._needs_hidden else None
-            wants_logits = getattr(row.drafter, "needs_target_logits", False)
-            kw = {"target_logits": out.logits[b, : len(tree)]} if wants_logits else {}
-            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree, **kw)
+            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
+                               **logits_keyword(row.drafter, out.logits[b, : len(tree)]))
             counts.append(len(emitted))
             row.committed += emitted
             row.out.tokens += emitted

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword
 from .options import build_options
 from .plugins import SINGULAR, get_registry
 from .target import TargetModel
@@ -245,7 +245,7 @@ class SpecDecoder:
     def _logits_kw(self, logits: torch.Tensor | None) -> dict[str, Any]:
         """``target_logits=`` for a drafter that declares ``needs_target_logits``; nothing for
         the others, whose ``begin``/``commit`` may not take the keyword."""
-        return {"target_logits": logits} if self._needs_logits else {}
+        return logits_keyword(self.drafter, logits)
 
     def _verifier_for(self, temperature: float | None) -> Verifier:
         """The verifier of one generate call: ``temperature`` 0 = exact greedy, > 0 overrides

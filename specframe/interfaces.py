@@ -122,6 +122,12 @@ class Drafter(ABC):
         """
 
 
+def logits_keyword(drafter: Drafter, logits: torch.Tensor | None) -> dict[str, Any]:
+    """``{"target_logits": logits}`` for a drafter that declares ``needs_target_logits`` (on its
+    class or the instance), else ``{}``: the ``begin``/``commit`` of the others may not take it."""
+    return {"target_logits": logits} if getattr(drafter, "needs_target_logits", False) else {}
+
+
 class DraftSession:
     """What a policy sees while building one tree: the drafter, the root, a forward counter.
 
