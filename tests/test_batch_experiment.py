@@ -11,6 +11,7 @@ import pytest
 from specframe.config import ConfigError, load_config
 from specframe.experiment import run_experiment
 from specframe.runs import read_answers
+from specframe.testing.fixtures import TINY_PAIR_TOML
 
 CONFIG = """
 name = "tiny-batch"
@@ -19,21 +20,7 @@ warmup = 1
 stop_at_eos = false
 threads = 1
 {batch}
-
-[target]
-model = "random:llama"
-dtype = "float64"
-device = "cpu"
-random = {{ vocab_size = 64, hidden = 32, layers = 2, seed = 0 }}
-
-[models.draft]
-model = "perturbed:target"
-random = {{ noise = 0.05, seed = 1 }}
-
-[drafter]
-name = "model"
-options = {{ model = "draft" }}
-
+""" + TINY_PAIR_TOML.replace("{", "{{").replace("}", "}}") + """
 [[arm]]
 baseline = "autoregressive"
 

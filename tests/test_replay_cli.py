@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from specframe.cli import cli
+from specframe.testing.fixtures import TINY_PAIR_TOML
 
 CONFIG = """
 name = "tiny-replay"
@@ -16,21 +17,7 @@ max_new_tokens = 10
 warmup = 0
 stop_at_eos = false
 threads = 1
-
-[target]
-model = "random:llama"
-dtype = "float64"
-device = "cpu"
-random = { vocab_size = 64, hidden = 32, layers = 2, seed = 0 }
-
-[models.draft]
-model = "perturbed:target"
-random = { noise = 0.05, seed = 1 }
-
-[drafter]
-name = "model"
-options = { model = "draft" }
-
+""" + TINY_PAIR_TOML + """
 [[arm]]
 baseline = "autoregressive"
 

@@ -24,6 +24,25 @@ VOCAB = 64
 #: Seed of the tiny target used by the suite.
 TARGET_SEED = 3
 
+#: The tiny pair as experiment-file tables: a random float64 Llama target on the CPU, a perturbed
+#: copy of it as the draft model, and the model drafter over it. Test files that write an
+#: experiment put their own top-level keys before it and their arms and ``[data]`` after it.
+TINY_PAIR_TOML = """
+[target]
+model = "random:llama"
+dtype = "float64"
+device = "cpu"
+random = { vocab_size = 64, hidden = 32, layers = 2, seed = 0 }
+
+[models.draft]
+model = "perturbed:target"
+random = { noise = 0.05, seed = 1 }
+
+[drafter]
+name = "model"
+options = { model = "draft" }
+"""
+
 
 @lru_cache(maxsize=None)
 def tiny_target(seed: int = TARGET_SEED, vocab_size: int = VOCAB, layers: int = 2, arch: str = "llama") -> Any:
