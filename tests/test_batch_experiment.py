@@ -20,7 +20,7 @@ warmup = 1
 stop_at_eos = false
 threads = 1
 {batch}
-""" + TINY_PAIR_TOML.replace("{", "{{").replace("}", "}}") + """
+{pair}
 [[arm]]
 baseline = "autoregressive"
 
@@ -40,7 +40,7 @@ def write(tmp_path, batch: str, out: str, extra_arm: str = "", turns: int = 1):
     rows = [{"question_id": i, "category": "a", "turns": [f"q{i} " + "x" * (3 * i + 1)] * turns} for i in range(5)]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     path = tmp_path / f"{out}.toml"
-    path.write_text(textwrap.dedent(CONFIG.format(batch=batch, out=out, extra_arm=extra_arm)))
+    path.write_text(textwrap.dedent(CONFIG.format(batch=batch, pair=TINY_PAIR_TOML, out=out, extra_arm=extra_arm)))
     return path
 
 
