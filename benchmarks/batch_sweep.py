@@ -9,6 +9,9 @@ turn (ar, equal, shared, acceptance, ar, ...), so machine drift hits all arms al
   lengths. All get the same batch budget,
   ``B x --budget`` nodes per step, and each sequence's policy may build up to ``2 x --budget``
   (so the shared allocator has room to give a confident sequence more than its even share).
+* ``auto``: the policy with ``budget = "auto"`` and no batch budget: each sequence sizes its
+  own tree, priced with its share of the batched forward (the curve at that batch shape,
+  measured or read from the cache before the clock starts; docs/batching.md).
 
 Per arm and B it prints throughput (all emitted tokens / wall time), mean per-sequence latency,
 mean tau (tokens per target forward of a sequence) and the speedup over ``ar`` at the same B,
@@ -37,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from auto_sizing import PAIRS  # noqa: E402  (the pairs of the published tables)
 
 ALLOCATORS = ("equal", "shared", "acceptance")
+ARMS = (*ALLOCATORS, "auto")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,14 +85,27 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
     return target, prompts, eos
 
 
-def decoder(args: argparse.Namespace, target: Any) -> Any:
-    """A SpecDecoder of the pair's drafter and the sweep's policy (greedy)."""
+def decoder(args: argparse.Namespace, target: Any, budget: int | str) -> Any:
+    """A SpecDecoder of the pair's drafter and the sweep's policy with ``budget`` (greedy)."""
     from specframe.engine import SpecDecoder, make_plugin
 
     name, options = PAIRS[args.pair]["drafters"][args.drafter]
     drafter = make_plugin("drafters", (name, args.pool.substitute(dict(options))), target)
-    policy = make_plugin("policies", (args.policy, {"budget": 2 * args.budget}))
+    policy = make_plugin("policies", (args.policy, {"budget": budget}))
     return SpecDecoder(target, drafter, policy, make_plugin("verifiers", "greedy"), strict=False)
+
+
+def batchers(args: argparse.Namespace, target: Any) -> dict[str, Any]:
+    """One BatchDecoder per speculative arm, rows built and every code path run once, untimed."""
+    from specframe.batch import BatchDecoder
+
+    fixed = decoder(args, target, 2 * args.budget)
+    arms = {a: BatchDecoder(fixed, (a, {"budget": args.budget * max(args.sizes)})) for a in ALLOCATORS}
+    arms["auto"] = BatchDecoder(decoder(args, target, "auto"), ("equal", {"budget": None}))
+    for batcher in arms.values():
+        batcher.prepare(max(args.sizes))
+        batcher.generate(args.prompts[:2], max_new_tokens=4, eos_token_id=sorted(args.eos) or None)
+    return arms
 
 
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
@@ -113,38 +130,41 @@ def run(args: argparse.Namespace) -> dict:
     """The interleaved sweep; returns the figures by B and arm."""
     from rich.progress import Progress
 
-    from specframe.batch import BatchDecoder
-
     if args.threads:
         torch.set_num_threads(args.threads)
     target, prompts, eos = load(args)
+    args.prompts, args.eos = prompts, eos
     model = target.model
     solo = [ar_batch(model, [p], args.max_new_tokens, eos)[0][0] for p in prompts]
-    dec = decoder(args, target)
-    batchers = {a: BatchDecoder(dec, (a, {"budget": args.budget * max(args.sizes)})) for a in ALLOCATORS}
-    for batcher in batchers.values():  # rows built and every code path run once, untimed
-        batcher.prepare(max(args.sizes))
-        batcher.generate(prompts[:2], max_new_tokens=4, eos_token_id=sorted(eos) or None)
+    arms = batchers(args, target)
     figures: dict = {}
     with Progress() as bar:
         task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) for b in args.sizes))
         for size in args.sizes:
-            for batcher in batchers.values():
-                batcher.allocator.options.budget = args.budget * size
+            for name in ALLOCATORS:
+                arms[name].allocator.options.budget = args.budget * size
             rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": []}
-                    for arm in ("ar", *ALLOCATORS)}
+                    for arm in ("ar", *ARMS)}
             for start in range(0, len(prompts), size):
                 chunk = list(range(start, min(start + size, len(prompts))))
                 batch = [prompts[i] for i in chunk]
                 outs, wall = ar_batch(model, batch, args.max_new_tokens, eos)
                 record(rows["ar"], model, chunk, prompts, solo, outs, wall, [wall] * len(chunk), None)
-                for name, batcher in batchers.items():
+                for name, batcher in arms.items():
                     res = batcher.generate(batch, max_new_tokens=args.max_new_tokens, eos_token_id=sorted(eos) or None)
                     record(rows[name], model, chunk, prompts, solo, [o.tokens for o in res.outputs], res.wall_time,
                            [o.wall_time for o in res.outputs], [o.tau for o in res.outputs])
                 bar.advance(task)
             figures[size] = rows
+            write(args, figures, "partial: B = " + ", ".join(map(str, figures)))  # a crash keeps the finished B
     return figures
+
+
+def write(args: argparse.Namespace, figures: dict, note: str) -> None:
+    """The table so far and the raw figures to ``--out`` (if given)."""
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"table": table(figures, args) + f"\n\n{note}", "figures": figures}, indent=1))
 
 
 def record(row: dict, model: Any, chunk: list[int], prompts: list, solo: list, outs: list, wall: float,
@@ -184,9 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = run(args)
     text = table(figures, args) + f"\n\none interleaved run, {time.perf_counter() - t0:.0f} s"
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"table": text, "figures": figures}, indent=1))
+    write(args, figures, f"one interleaved run, {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Design and figure: docs/batching.md.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -103,6 +103,7 @@ class BatchDecoder:
         self._policy_factory = policy_factory
         self._drafters: list[Drafter] = [decoder.drafter]
         self._policies: list[TreePolicy] = [decoder.policy]
+        self._curves: dict[int, Any] = {}  # batch size -> BatchCurves (measured or cached once)
 
     def prepare(self, rows: int) -> None:
         """Build the drafters and policies of ``rows`` rows now (loading a draft model or head),
@@ -139,16 +140,45 @@ class BatchDecoder:
                                  f"= {need} exceeds the target's {dec.target.max_positions} positions")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
+        curves = self._batch_curves(len(ids))
         start = time.perf_counter()
         kv = BatchKV(dec.target)
         rows = self._begin(kv, ids, generators)
         result = BatchOutput(outputs=[row.out for row in rows])
-        while rows:
-            t0 = time.perf_counter()
-            rows = self._step(kv, rows, max_new_tokens, eos, start)
-            result.step_times.append(time.perf_counter() - t0)
+        priced = 0
+        try:
+            while rows:
+                if curves is not None and len(rows) != priced:
+                    priced = self._price(rows, curves.row_curve(len(rows)))
+                t0 = time.perf_counter()
+                rows = self._step(kv, rows, max_new_tokens, eos, start)
+                result.step_times.append(time.perf_counter() - t0)
+        finally:
+            if curves is not None:  # back to one-row prices, as generate() alone pays
+                self._price(self._policies[: len(ids)], curves.row_curve(1))
         result.wall_time = time.perf_counter() - start
         return result
+
+    def _batch_curves(self, rows: int) -> Any:
+        """The target's curves up to ``rows`` rows when some row's policy prices a batch
+        (:attr:`TreePolicy.wants_batch_curve`; ``budget = "auto"``), else None. Measured (or
+        read from the cache) before the clock starts, once per decoder and batch size."""
+        if rows == 1 or not any(self._slot(b)[1].wants_batch_curve for b in range(rows)):
+            return None
+        if rows not in self._curves:
+            from .batch_profile import BatchCurves
+
+            self._curves[rows] = BatchCurves.for_target(self.decoder.target, rows)
+        return self._curves[rows]
+
+    @staticmethod
+    def _price(rows: Sequence[Any], curve: Any) -> int:
+        """Give every asking policy (of ``rows``: rows or policies) ``curve``; returns the count."""
+        for row in rows:
+            policy = row.policy if isinstance(row, _Row) else row
+            if policy.wants_batch_curve:
+                policy.price_batch(curve)
+        return len(rows)
 
     @staticmethod
     def _generators(rows: int, generator: torch.Generator | None,
@@ -245,12 +275,24 @@ class BatchDecoder:
                 budget_cut=row.policy.max_budget - limit,
             )
             row.out.steps.append(stats)
-            row.policy.observe(stats)
+            priced = row.policy.wants_batch_curve
+            row.policy.observe(self._row_share(stats, len(rows)) if priced else stats)
             if path is None:
                 row.out.wall_time = time.perf_counter() - start
             else:
                 live.append(row)
         return live
+
+    @staticmethod
+    def _row_share(stats: StepStats, live: int) -> StepStats:
+        """What a batch-priced policy learns from: its own drafting and building, and
+        ``1 / live`` of the batch's forward, verification and bookkeeping (the step's cost spread
+        over its rows, as its row curve spreads the forward). The recorded step keeps the whole
+        batch's times, since the sequence waited for them."""
+        if live == 1:
+            return stats
+        return replace(stats, target_time=stats.target_time / live, verify_time=stats.verify_time / live,
+                       other_time=stats.other_time / live)
 
     def _verify_and_read(self, rows, trees, limits, flags, logits) -> list:
         """Verify every row, then read all verdicts in ONE device-to-host transfer."""

@@ -327,17 +327,35 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--packed-linears", type=click.Choice(["auto", "native", "onednn", "mkl"]), is_flag=False, flag_value="auto",
               default=None, help="Measure with fast small-batch float32 CPU linears, as [target] packed_linears "
                                  "(alone: auto, the fastest kernel on this CPU).")
+@click.option("--batch", "batches", default=None,
+              help="Batch sizes B, comma-separated (e.g. 1,2,4,8): also measure T_B(n), one packed forward of "
+                   "B trees of n nodes, which budget=\"auto\" prices batched decoding with (default: 1 only).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
-                    cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None) -> None:
+                    cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None,
+                    batches: str | None) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
-    thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies."""
+    thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
+    With --batch, also the curve at each batch size (docs/batching.md)."""
     from . import profile
 
-    curve, path, png = profile.profile_model(
-        model, dtype, device, threads, profile.parse_ints(sizes, profile.FULL_SIZES),
-        profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS), reps, plot_path, packed_linears or False)
-    click.echo(profile.format_table(curve))
-    click.echo(f"cached: {path}")
+    sizes_t = profile.parse_ints(sizes, profile.FULL_SIZES)
+    lens_t = profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
+    batch_t = profile.parse_ints(batches, (1,))
+    if batch_t == (1,):
+        curve, path, png = profile.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
+                                                 packed_linears or False)
+        click.echo(profile.format_table(curve))
+        click.echo(f"cached: {path}")
+        click.echo(f"plot: {png}")
+        return
+    from . import batch_profile
+
+    target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False)
+    curves, paths, png = batch_profile.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path)
+    for b, curve in curves.items():
+        click.echo(f"batch {b}: " + profile.format_table(curve))
+        click.echo(f"cached: {paths[b]}")
+    click.echo(batch_profile.format_row_shares(curves))
     click.echo(f"plot: {png}")
 
 

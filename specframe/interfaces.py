@@ -211,6 +211,19 @@ class TreePolicy(ABC):
         """Called once by the decoder with its target; hardware-aware policies read the
         target's cost curve here (:mod:`specframe.profile`). Default: nothing."""
 
+    @property
+    def wants_batch_curve(self) -> bool:
+        """Whether :meth:`price_batch` should be called: the batched decoder measures (once,
+        then cached) the target's cost curve at the batch shape only for policies that ask."""
+        return False
+
+    def price_batch(self, curve: Any) -> None:
+        """Called by the batched decoder (:mod:`specframe.batch`), when this policy asks
+        (:attr:`wants_batch_curve`), before the first step and whenever the live batch changes
+        size: ``curve`` (a :class:`~specframe.profile.CostCurve`) is what ONE row pays of a
+        packed forward at that batch size (:meth:`specframe.batch_profile.BatchCurves.row_curve`),
+        and the one-row curve again when the batch ends. Default: nothing."""
+
     @abstractmethod
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Build one draft tree of at most ``budget`` nodes, root included.

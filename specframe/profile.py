@@ -357,17 +357,12 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(values)
 
 
-def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
-                  sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
-                  reps: int = FULL_REPS, plot_path: Path | None = None,
-                  packed_linears: bool | str = False) -> tuple[CostCurve, Path, Path]:
-    """Load ``name`` (path, hub id or shipped name), measure its curve, cache it and plot it.
-
-    Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
-    for the measurement (and the key); None keeps the current setting. ``packed_linears``
-    measures the model with fast small-batch linears (:mod:`specframe.packed_linear`; True or
-    ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart.
-    """
+def load_profiled_target(name: str, dtype: str = "float32", device: str | None = None,
+                         threads: int | None = None, packed_linears: bool | str = False) -> Any:
+    """Load ``name`` (path, hub id or shipped name) as the :class:`~specframe.target.TargetModel`
+    whose curves :func:`profile_model` measures: ``threads`` torch threads (None keeps the
+    current setting), ``device`` None / ``"auto"`` = CUDA when available, ``packed_linears``
+    as [target] packed_linears (True or ``"auto"``: the fastest kernel here)."""
     from .target import TargetModel, load_causal_lm
 
     if threads:
@@ -379,7 +374,21 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
         from .packed_linear import kernel_option, pack_linears
 
         pack_linears(model, kernel_option(packed_linears))
-    target = TargetModel(model)
+    return TargetModel(model)
+
+
+def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
+                  sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
+                  reps: int = FULL_REPS, plot_path: Path | None = None,
+                  packed_linears: bool | str = False) -> tuple[CostCurve, Path, Path]:
+    """Load ``name`` (:func:`load_profiled_target`), measure its curve, cache it and plot it.
+
+    Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
+    for the measurement (and the key); None keeps the current setting. ``packed_linears``
+    measures the model with fast small-batch linears (:mod:`specframe.packed_linear`; True or
+    ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart.
+    """
+    target = load_profiled_target(name, dtype, device, threads, packed_linears)
     curve = measure(target, sizes, cache_lens, reps)
     path = save(curve)
     png = plot(curve, plot_path or path.with_suffix(".png"))

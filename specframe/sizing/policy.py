@@ -106,6 +106,16 @@ class AutoSizedPolicy(TreePolicy):
         if self.sizer is not None:
             self.sizer.attach(target)
 
+    @property
+    def wants_batch_curve(self) -> bool:
+        """Auto sizes price a batched step at the batch shape (docs/batching.md)."""
+        return self.sizer is not None
+
+    def price_batch(self, curve: Any) -> None:
+        """Price trees with ``curve`` (one row's share of a batched forward) from now on."""
+        if self.sizer is not None:
+            self.sizer.curve = curve
+
     def reset(self) -> None:
         """Per-sequence state goes; acceptance statistics persist (same pair)."""
         if self.sizer is not None:
