@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from specframe.interfaces import Drafter
+from specframe.interfaces import Drafter, wants_prompt_logits
 from specframe.options import OptionError, build_options, require
 from specframe.plugins import get_registry
 from specframe.tree import DraftTree
@@ -78,6 +78,7 @@ class HybridDrafter(Drafter):
         # Declarations of the whole: what any part needs, keeps or loses on replay.
         self.needs_target_hidden = any(getattr(p, "needs_target_hidden", False) for p in self.parts)
         self.needs_target_logits = any(getattr(p, "needs_target_logits", False) for p in self.parts)
+        self.needs_prompt_logits = any(wants_prompt_logits(p) for p in self.parts)
         self.persistent_state = any(getattr(p, "persistent_state", False) for p in self.parts)
         self.replay = max((getattr(p, "replay", "unsupported") for p in self.parts), key=_replay_rank)
         self.log_parts = math.log(len(self.parts))
@@ -93,7 +94,8 @@ class HybridDrafter(Drafter):
               target_logits: torch.Tensor | None = None) -> None:
         """Begin every part, each with only the target outputs it declares."""
         for part in self.parts:
-            part.begin(prompt_ids, **self._inputs(part, target_hidden, target_logits))
+            logits = target_logits if wants_prompt_logits(part) else None
+            part.begin(prompt_ids, **self._inputs(part, target_hidden, logits))
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None, target_logits: torch.Tensor | None = None) -> None:
@@ -125,8 +127,21 @@ class HybridDrafter(Drafter):
         tops = [part.expand_top(tree, nodes, k) for part in self.parts]
         values = torch.cat([t[0] for t in tops], dim=-1)
         ids = torch.cat([t[1] for t in tops], dim=-1)
+        if k == 1:  # a chain's layer: every step asks this, and the general merge costs ~20 ops
+            return with_ranks(*best_first(values, ids, self.log_parts), tree.device)
         ids, values = canonical_rows(ids, best_of_duplicates(ids, values) - self.log_parts, k, self.vocab_size)
         return with_ranks(values, ids, tree.device)
+
+
+def best_first(values: torch.Tensor, ids: torch.Tensor, shift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged top-1 from the parts' top-1s (``[rows, parts]``): the best value less
+    ``shift``, its lowest id among ties; a row with no finite candidate gets id 0 at ``-inf``,
+    as :func:`specframe.topk_per_row` fills it. (Another part's token tied with the best can
+    not have a lower id than its own part's top-1, which the tie rule already made lowest.)"""
+    best = values.max(dim=-1, keepdim=True).values
+    alive = torch.isfinite(best)
+    winner = torch.where((values == best) & alive, ids, torch.iinfo(ids.dtype).max).min(dim=-1, keepdim=True).values
+    return best - shift, torch.where(alive, winner, torch.zeros_like(winner))
 
 
 def with_ranks(values: torch.Tensor, ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

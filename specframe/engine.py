@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword, wants_prompt_logits
 from .options import build_options
 from .plugins import SINGULAR, get_registry
 from .target import TargetModel
@@ -219,10 +219,11 @@ class SpecDecoder:
         if len(prompt) > 1:
             # The root (last prompt token) enters with the first tree, as in EAGLE. No caller
             # reads the prefill's logits unless the drafter asks for them: skip their lm_head rows.
+            prompt_logits = wants_prompt_logits(self.drafter)
             prefill = self.target.causal_forward(prompt[:-1].to(self.target.device), self._needs_hidden,
-                                                 last_logits_only=not self._needs_logits)
+                                                 last_logits_only=not prompt_logits)
             hidden = prefill.hidden_states if self._needs_hidden else None
-            logits = prefill.logits[0] if self._needs_logits else None
+            logits = prefill.logits[0] if prompt_logits else None
         self.drafter.begin(prompt, target_hidden=hidden, **self._logits_kw(logits))
         self.policy.reset()
         committed = prompt.tolist()

@@ -59,6 +59,11 @@ class Drafter(ABC):
     #: tensor the verifier saw: the same object, on the target's device, never copied or read
     #: back). Only to drafters that set it, so other drafters' signatures need no such keyword.
     needs_target_logits: ClassVar[bool] = False
+    #: With ``needs_target_logits``: whether ``begin`` reads the prefill's logits. False spares
+    #: the prefill the lm_head over every prompt position (tens of ms for a few hundred prompt
+    #: tokens on a CPU) and ``begin`` gets ``target_logits=None``; ``commit`` is unchanged.
+    #: May be set on the instance (from an option).
+    needs_prompt_logits: ClassVar[bool] = True
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options
@@ -120,6 +125,12 @@ class Drafter(ABC):
         A drafter with ``needs_target_logits`` also takes ``target_logits=``: the verifier's
         ``[len(tree), V]`` logits (row i: the target's prediction after node i), on the device.
         """
+
+
+def wants_prompt_logits(drafter: Drafter) -> bool:
+    """Whether the prefill must compute logits at every prompt position for ``drafter``'s
+    ``begin`` (``needs_target_logits`` and ``needs_prompt_logits``, on its class or instance)."""
+    return bool(getattr(drafter, "needs_target_logits", False) and getattr(drafter, "needs_prompt_logits", True))
 
 
 def logits_keyword(drafter: Drafter, logits: torch.Tensor | None) -> dict[str, Any]:

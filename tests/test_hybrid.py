@@ -88,6 +88,19 @@ def test_expand_top_equals_the_selection_over_the_merged_rows(seeds, finite, tie
         assert torch.equal(g, w), f"{name}: {g} vs {w}"
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_expand_top_of_rows_no_part_can_extend_is_the_selection_filler(k):
+    """Tokens whose rows are dead in every part (an n-gram miss on a token the table never saw)
+    get what the selection gives an all -inf row; k = 1 is the chain's own merge."""
+    parts = [_Fixed(1, 4, True), _Fixed(2, 2, True)]
+    for part in parts:
+        part.table[[2, 5, 7]] = -math.inf
+    parts[1].table[3] = -math.inf  # dead in one part only
+    hybrid, tree, index = _hybrid(parts), _chain(), torch.tensor([2, 3, 5, 6, 7])
+    for g, w in zip(hybrid.expand_top(tree, index, k), topk_per_row(hybrid.expand(tree, index), k)):
+        assert torch.equal(g, w)
+
+
 def test_parts_get_only_the_target_outputs_they_declare():
     plain, learning = _Fixed(1, 3, False), _Fixed(2, 3, False)
     learning.needs_target_logits = True

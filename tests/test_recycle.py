@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe.drafters.recycle import RecycleDrafter, RecycleDrafterOptions, canonical_rows, reference_table
+from specframe.engine import make_plugin
+from specframe.interfaces import wants_prompt_logits
 from specframe.selection import topk_per_row
 from specframe.testing.fixtures import tiny_target
 
@@ -165,3 +167,32 @@ def test_blockwise_top_k_equals_torch_topk(seed, rows, k, blocks, ties):
     assert torch.equal(logits.gather(1, ids), values) and all(len(set(r)) == k for r in ids.tolist())
     if not ties:
         assert torch.equal(ids, want.indices)
+
+
+def test_without_prompt_rows_the_prefill_skips_the_prompts_logits_and_the_table_learns_only_from_steps():
+    target = specframe.TargetModel(tiny_target())
+    calls = []
+    forward = target.causal_forward
+    target.causal_forward = lambda *a, **kw: calls.append(kw.get("last_logits_only")) or forward(*a, **kw)
+    prompt = [4, 9, 12, 30, 2, 17]
+    for rows in (True, False):
+        dec = specframe.SpecDecoder.build(target=target, drafter=("recycle", {"prompt_rows": rows}), policy="talon")
+        assert wants_prompt_logits(dec.drafter) is rows
+        seen = []
+        begin = dec.drafter.begin
+        dec.drafter.begin = lambda ids, **kw: seen.append(kw["target_logits"]) or begin(ids, **kw)
+        out = dec.generate(prompt, max_new_tokens=6, eos_token_id=None)
+        assert calls[-1] is (not rows) and (seen[0] is None) is (not rows)
+        if not rows:  # a prompt token no step's tree held keeps its fallback row
+            held = {int(t) for t in prompt[-1:] + out.tokens}
+            untouched = [t for t in prompt[:-1] if t not in held]
+            fresh = RecycleDrafter(RecycleDrafterOptions(), target)
+            fresh.begin(torch.tensor([0]))
+            assert untouched and all(_row(dec.drafter, t) == _row(fresh, t) for t in untouched)
+
+
+def test_a_hybrid_asks_for_prompt_logits_only_for_a_part_that_reads_them():
+    target = specframe.TargetModel(tiny_target())
+    ask = lambda parts: wants_prompt_logits(make_plugin("drafters", ("hybrid", {"drafters": parts}), target))  # noqa: E731
+    assert ask(["ngram", "recycle"]) and not ask(["ngram", ["recycle", {"prompt_rows": False}]])
+    assert not ask(["ngram"])

@@ -101,7 +101,8 @@ def begin_generation(drafter: Drafter, target: TargetModel, committed: list[int]
     if len(committed) > 1:  # the root enters the target's cache with the first tree
         prefill = target.causal_forward(prompt[:-1].to(target.device), needs_hidden)
         hidden = prefill.hidden_states if needs_hidden else None
-        logits = prefill.logits[0]
+        # What the engine passes: the prompt's logits unless the drafter declines them.
+        logits = prefill.logits[0] if getattr(drafter, "needs_prompt_logits", True) else None
     if needs_target_logits(drafter):
         drafter.begin(prompt, target_hidden=hidden, target_logits=logits)
     else:
