@@ -19,7 +19,7 @@ and lists every sequence that differs from the single-sequence greedy decoding o
 with the target's logit margin (top-1 minus top-2) where it left it: padding changes matmul
 shapes, so a near tie can flip. Examples::
 
-    python benchmarks/batch_sweep.py --pair smollm2 --drafter ngram          # the published sweep
+    python benchmarks/batch_sweep.py --pair smollm2 --drafter ngram --threads 2   # the published sweep
     python benchmarks/batch_sweep.py --pair demo --drafter model --sizes 1 2 --limit 4 --max-new-tokens 16
 """
 
@@ -55,8 +55,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--packed-linears", action=argparse.BooleanOptionalAction, default=None,
+                   help="fast small-batch CPU linears for every arm, batched autoregressive included, as "
+                        "[target] packed_linears = true (default: on for smollm2; without them a few-row "
+                        "forward costs nearly what that many one-row forwards cost on this CPU)")
     p.add_argument("--out", type=Path, default=None, help="write the table and raw figures here (JSON)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.packed_linears is None:
+        args.packed_linears = args.pair == "smollm2"
+    return args
 
 
 def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
@@ -68,7 +75,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
 
     pair = PAIRS[args.pair]
     raw = {"name": "batch-sweep", "max_new_tokens": args.max_new_tokens,
-           "target": {"model": pair["target"], "dtype": args.dtype},
+           "target": {"model": pair["target"], "dtype": args.dtype, "packed_linears": args.packed_linears},
            "arm": [{"baseline": "autoregressive"}],
            "data": {"path": str(ROOT / "examples" / pair["data"]), "limit": args.limit,
                     "chat_template": pair["chat_template"]}}
@@ -143,8 +150,8 @@ def run(args: argparse.Namespace) -> dict:
         for size in args.sizes:
             for name in ALLOCATORS:
                 arms[name].allocator.options.budget = args.budget * size
-            rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": []}
-                    for arm in ("ar", *ARMS)}
+            rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": [],
+                          "steps": 0, "nodes": 0, "draft": 0.0} for arm in ("ar", *ARMS)}
             for start in range(0, len(prompts), size):
                 chunk = list(range(start, min(start + size, len(prompts))))
                 batch = [prompts[i] for i in chunk]
@@ -154,6 +161,7 @@ def run(args: argparse.Namespace) -> dict:
                     res = batcher.generate(batch, max_new_tokens=args.max_new_tokens, eos_token_id=sorted(eos) or None)
                     record(rows[name], model, chunk, prompts, solo, [o.tokens for o in res.outputs], res.wall_time,
                            [o.wall_time for o in res.outputs], [o.tau for o in res.outputs])
+                    work(rows[name], res)
                 bar.advance(task)
             figures[size] = rows
             write(args, figures, "partial: B = " + ", ".join(map(str, figures)))  # a crash keeps the finished B
@@ -180,20 +188,32 @@ def record(row: dict, model: Any, chunk: list[int], prompts: list, solo: list, o
             row["diverged"].append({"prompt": i, "at": at, "margin": round(margin, 4)})
 
 
+def work(row: dict, res: Any) -> None:
+    """Add a batched run's steps, verified nodes and draft seconds (all rows) to an arm's row."""
+    row["steps"] += len(res.step_times)
+    row["nodes"] += sum(s.tree_size for o in res.outputs for s in o.steps)
+    row["draft"] += sum(s.draft_time for o in res.outputs for s in o.steps)
+
+
 def table(figures: dict, args: argparse.Namespace) -> str:
     """The sweep as a markdown table."""
     lines = [f"{args.pair} / {args.drafter} / {args.policy}, batch budget {args.budget} x B, "
-             f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}",
-             "", "| B | arm | tokens/s | speedup vs ar | mean latency (s) | mean tau | diverged |",
-             "|---|---|---|---|---|---|---|"]
+             f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}"
+             f"{', packed linears' if args.packed_linears else ''}",
+             "", "| B | arm | tokens/s | speedup vs ar | mean latency (s) | mean tau | nodes / step | "
+                 "draft ms / step | diverged |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for size, rows in figures.items():
         base = rows["ar"]["tokens"] / rows["ar"]["wall"]
         for arm, r in rows.items():
             tps = r["tokens"] / r["wall"]
             tau = f"{statistics.mean(r['tau']):.2f}" if r["tau"] else "1.00"
             div = ", ".join(f"p{d['prompt']}@{d['at']} (margin {d['margin']})" for d in r["diverged"]) or "none"
+            steps = r["steps"]
+            nodes = f"{r['nodes'] / steps:.1f}" if steps else str(size)
+            draft = f"{1e3 * r['draft'] / steps:.2f}" if steps else "0"
             lines.append(f"| {size} | {arm} | {tps:.1f} | {tps / base:.2f}x | "
-                         f"{statistics.mean(r['latency']):.2f} | {tau} | {div} |")
+                         f"{statistics.mean(r['latency']):.2f} | {tau} | {nodes} | {draft} | {div} |")
     return "\n".join(lines)
 
 

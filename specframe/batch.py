@@ -21,7 +21,7 @@ from .batch_allocate import BatchAllocator, make_allocator
 from .batch_kv import BatchKV
 from .contract import EngineError, checked_decision, reject_tree, tree_flag
 from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, logits_keyword
+from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, logits_keyword, wants_prompt_logits
 from .step_read import pack_step, unpack_step
 
 
@@ -195,15 +195,17 @@ class BatchDecoder:
     def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list) -> list[_Row]:
         """Prefill all prompts in one forward and begin every row's drafter and policy."""
         dec = self.decoder
-        prefill = kv.prefill([p[:-1] for p in ids], hidden=dec._needs_hidden)
+        slots = [self._slot(b) for b in range(len(ids))]
+        prompt_logits = any(wants_prompt_logits(drafter) for drafter, _ in slots)
+        prefill = kv.prefill([p[:-1] for p in ids], hidden=dec._needs_hidden, logits=prompt_logits)
         rows = []
         for b, prompt in enumerate(ids):
-            drafter, policy = self._slot(b)
+            drafter, policy = slots[b]
             n = len(prompt) - 1
             hidden = logits = None
             if n > 0 and dec._needs_hidden:
                 hidden = tuple(h[b : b + 1, :n] for h in prefill.hidden_states)
-            if n > 0 and dec._needs_logits:
+            if n > 0 and wants_prompt_logits(drafter):
                 logits = prefill.logits[b, :n]
             drafter.begin(prompt, target_hidden=hidden, **logits_keyword(drafter, logits))
             policy.reset()

@@ -89,6 +89,14 @@ def test_batch_equals_greedy_alone_for_every_drafter(drafter, prompts, eos_pick)
     check_batch(drafter, "talon", prompts, eos_pick)
 
 
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_with_every_drafter_equals_greedy_alone(policy, drafter):
+    """The whole registered cross product on one ragged batch with early EOS (the Hypothesis
+    tests above vary the batches along each axis)."""
+    check_batch(drafter, policy, [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40], [2, 2]], eos_pick=3)
+
+
 @settings(max_examples=EXAMPLES)
 @given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9),
        first=prompt_lists, second=prompt_lists)
@@ -188,6 +196,51 @@ def test_budget_below_the_live_rows_is_refused():
     with pytest.raises(ValueError, match="batch budget 1 is below the 2 live sequences"):
         generate_batch(decoder(), [[1, 2], [3]], max_new_tokens=4, eos_token_id=None,
                                  allocator=("equal", {"budget": 1}))
+
+
+@pytest.mark.parametrize("drafter,rows", [("ngram", 1), ("recycle", 5), (("recycle", {"prompt_rows": False}), 1)])
+def test_the_batched_prefill_computes_prompt_logits_only_for_a_drafter_that_reads_them(monkeypatch, drafter, rows):
+    """Each root enters with its first tree, so nobody reads the prefill's logits but a
+    drafter that learns from the prompt: the others' prefill runs its lm_head on one column."""
+    from specframe.batch_kv import BatchKV
+
+    seen: list[int] = []
+    prefill = BatchKV.prefill
+    monkeypatch.setattr(BatchKV, "prefill", lambda self, *a, **kw: seen.append(
+        (out := prefill(self, *a, **kw)).logits.shape[1]) or out)
+    target = TargetModel(tiny_target())
+    dec = SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", ("talon", {"budget": 4})),
+                      make_plugin("verifiers", "greedy"))
+    prompts = [[4, 9, 12, 30, 2, 17], [5, 6, 7]]
+    out = generate_batch(dec, prompts, max_new_tokens=6, eos_token_id=None)
+    assert seen == [rows]
+    for prompt, result in zip(prompts, out.outputs):
+        assert result.tokens == greedy_reference(tiny_target(), prompt, 6, None)
+
+
+@pytest.mark.parametrize("hidden,logits", [(False, False), (True, True)])
+def test_the_per_row_prefill_equals_the_padded_one(hidden, logits):
+    """The CPU's prompt-at-a-time prefill fills the batch cache (and the outputs) as the one
+    right-padded forward does, one-token prompts included."""
+    from specframe.batch_kv import BatchKV
+
+    target = TargetModel(tiny_target())
+    prefixes = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([], dtype=torch.long), torch.tensor([6, 7])]
+    rows, padded = BatchKV(target), BatchKV(target)
+    a = rows.prefill(prefixes, hidden=hidden, logits=logits, per_row=True)
+    b = padded.prefill(prefixes, hidden=hidden, logits=logits, per_row=False)
+    assert rows.lengths == padded.lengths == [5, 0, 2] and rows.width == padded.width == 5
+    for la, lb in zip(rows.cache.layers, padded.cache.layers):
+        for name in ("keys", "values"):
+            for r, n in enumerate(rows.lengths):  # columns past a row's prefix are stale either way
+                assert torch.allclose(getattr(la, name)[r, :, :n], getattr(lb, name)[r, :, :n], atol=1e-12)
+    if logits:
+        for r, n in enumerate(rows.lengths):
+            assert torch.allclose(a.logits[r, :n], b.logits[r, :n], atol=1e-12)
+    if hidden:
+        for ha, hb in zip(a.hidden_states, b.hidden_states):
+            for r, n in enumerate(rows.lengths):
+                assert torch.allclose(ha[r, :n], hb[r, :n], atol=1e-12)
 
 
 def test_padded_rows_do_not_leak_into_a_sequence():
