@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
             for name in ALLOCATORS:
                 arms[name].allocator.options.budget = args.budget * size
             rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": [],
-                          "steps": 0, "nodes": 0, "draft": 0.0} for arm in ("ar", *ARMS)}
+                          "steps": 0, "nodes": 0, "padded": 0, "draft": 0.0} for arm in ("ar", *ARMS)}
             for start in range(0, len(prompts), size):
                 chunk = list(range(start, min(start + size, len(prompts))))
                 batch = [prompts[i] for i in chunk]
@@ -189,9 +189,13 @@ def record(row: dict, model: Any, chunk: list[int], prompts: list, solo: list, o
 
 
 def work(row: dict, res: Any) -> None:
-    """Add a batched run's steps, verified nodes and draft seconds (all rows) to an arm's row."""
+    """Add a batched run's steps, verified nodes, forward rows (live rows x the longest tree:
+    what the packed forward computes) and draft seconds (all rows) to an arm's row."""
     row["steps"] += len(res.step_times)
     row["nodes"] += sum(s.tree_size for o in res.outputs for s in o.steps)
+    for k in range(len(res.step_times)):
+        sizes = [o.steps[k].tree_size for o in res.outputs if len(o.steps) > k]
+        row["padded"] += len(sizes) * max(sizes)
     row["draft"] += sum(s.draft_time for o in res.outputs for s in o.steps)
 
 
@@ -201,8 +205,8 @@ def table(figures: dict, args: argparse.Namespace) -> str:
              f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}"
              f"{', packed linears' if args.packed_linears else ''}",
              "", "| B | arm | tokens/s | speedup vs ar | mean latency (s) | mean tau | nodes / step | "
-                 "draft ms / step | diverged |",
-             "|---|---|---|---|---|---|---|---|---|"]
+                 "forward rows / step | draft ms / step | diverged |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for size, rows in figures.items():
         base = rows["ar"]["tokens"] / rows["ar"]["wall"]
         for arm, r in rows.items():
@@ -211,9 +215,10 @@ def table(figures: dict, args: argparse.Namespace) -> str:
             div = ", ".join(f"p{d['prompt']}@{d['at']} (margin {d['margin']})" for d in r["diverged"]) or "none"
             steps = r["steps"]
             nodes = f"{r['nodes'] / steps:.1f}" if steps else str(size)
+            padded = f"{r['padded'] / steps:.1f}" if steps else str(size)
             draft = f"{1e3 * r['draft'] / steps:.2f}" if steps else "0"
             lines.append(f"| {size} | {arm} | {tps:.1f} | {tps / base:.2f}x | "
-                         f"{statistics.mean(r['latency']):.2f} | {tau} | {nodes} | {draft} | {div} |")
+                         f"{statistics.mean(r['latency']):.2f} | {tau} | {nodes} | {padded} | {draft} | {div} |")
     return "\n".join(lines)
 
 
