@@ -21,7 +21,7 @@ import torch
 from pathlib import Path
 
 from .profile import QUICK_CACHE_LENS, QUICK_REPS, QUICK_SIZES, CostCurve, _interp, _sync, balanced_tree, \
-    curve_for, curve_key, load_cached, measure, save
+    curve_for, curve_key, load_cached, measure, save, save_plot
 
 
 def measured_batches(rows: int) -> list[int]:
@@ -184,11 +184,4 @@ def plot_row_shares(curves: dict[int, CostCurve], path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("tree tokens n per row (root included)")
     ax.set_ylabel("one row's share of the forward (ms)")
-    ax.set_title(curves[min(curves)].key, fontsize=7)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_plot(fig, ax, curves[min(curves)].key, path)

@@ -337,7 +337,15 @@ def plot(curve: CostCurve, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree tokens n (root included)")
     ax.set_ylabel("T(n) / T(1)")
-    ax.set_title(curve.key, fontsize=7)
+    return save_plot(fig, ax, curve.key, path)
+
+
+def save_plot(fig: Any, ax: Any, title: str, path: Path) -> Path:
+    """Title (a curve's key, small), grid and legend on ``ax``; ``fig`` written to ``path`` (PNG)
+    and closed. The cost-curve plots' shared finish."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title, fontsize=7)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
