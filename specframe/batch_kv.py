@@ -184,6 +184,7 @@ class BatchKV:
         new_lengths = [self.lengths[b] for b in live]
         width = max(new_lengths, default=0)
         index = torch.tensor(live, dtype=torch.long, device=device)
+        every = len(live) == len(paths)
         moves = (torch.cat(rows), torch.cat(dst), torch.cat(src)) if rows else None
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.dim() != 4:
@@ -194,7 +195,8 @@ class BatchKV:
                     r, d, s = moves
                     # Advanced indexing on the right copies first, so overlapping slots are safe.
                     kv[r, :, d] = kv[r, :, s]
-                setattr(layer, name, kv[index, :, :width])
+                # All rows live (most steps): a view; the next step's append copies the cache anyway.
+                setattr(layer, name, kv[:, :, :width] if every else kv[index, :, :width])
         self.lengths = new_lengths
 
 
