@@ -149,7 +149,7 @@ class BatchDecoder:
         try:
             while rows:
                 if curves is not None and len(rows) != priced:
-                    priced = self._price(rows, curves.row_curve(len(rows)))
+                    priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
                 t0 = time.perf_counter()
                 rows = self._step(kv, rows, max_new_tokens, eos, start)
                 result.step_times.append(time.perf_counter() - t0)
@@ -172,13 +172,12 @@ class BatchDecoder:
         return self._curves[rows]
 
     @staticmethod
-    def _price(rows: Sequence[Any], curve: Any) -> int:
-        """Give every asking policy (of ``rows``: rows or policies) ``curve``; returns the count."""
-        for row in rows:
-            policy = row.policy if isinstance(row, _Row) else row
+    def _price(policies: Sequence[TreePolicy], curve: Any) -> int:
+        """Give every asking policy ``curve``; returns how many policies there are."""
+        for policy in policies:
             if policy.wants_batch_curve:
                 policy.price_batch(curve)
-        return len(rows)
+        return len(policies)
 
     @staticmethod
     def _generators(rows: int, generator: torch.Generator | None,

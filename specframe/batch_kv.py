@@ -65,12 +65,13 @@ class BatchKV:
         return torch.where(visible, zero, torch.finfo(self.target.dtype).min)[:, None]
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                 hidden: bool, last_logits_only: bool = False) -> Any:
+                 hidden: bool, last_logits_only: bool = False, cache: Any = None) -> Any:
+        """One model call on ``cache`` (default: the batch cache), which it appends to."""
         t = self.target
         keep = {"logits_to_keep": 1} if last_logits_only and t._takes_logits_to_keep else {}
         return t._call(input_ids=tokens.to(t.device), position_ids=positions.to(t.device),
                        attention_mask=self._attention_mask(visible.to(t.device)), use_cache=True,
-                       output_hidden_states=hidden, **{t._cache_kw: self.cache}, **keep)
+                       output_hidden_states=hidden, **{t._cache_kw: self.cache if cache is None else cache}, **keep)
 
     @torch.inference_mode()
     def prefill(self, prefixes: Sequence[torch.Tensor], hidden: bool = False, logits: bool = False,
@@ -121,11 +122,11 @@ class BatchKV:
                 outs.append(None)
                 caches.append(None)
                 continue
-            self.cache = DynamicCache()
+            cache = DynamicCache()
             causal = torch.ones(1, n, n, dtype=torch.bool).tril()
-            outs.append(self._forward(prefix[None], torch.arange(n)[None], causal, hidden, last_logits_only=not logits))
-            caches.append(self.cache)
-        self.cache = DynamicCache()
+            outs.append(self._forward(prefix[None], torch.arange(n)[None], causal, hidden,
+                                      last_logits_only=not logits, cache=cache))
+            caches.append(cache)
         template = next(c for c in caches if c is not None)
         for i, layer in enumerate(template.layers):
             keys = [_pad_cols(None if c is None else c.layers[i].keys, layer.keys, width) for c in caches]
@@ -206,6 +207,6 @@ def _pad_cols(x: torch.Tensor | None, like: torch.Tensor, width: int, dim: int =
     shape[0], shape[dim] = 1, width
     out = torch.zeros(shape, dtype=like.dtype, device=like.device)
     if x is not None:
-        out.narrow(dim, 0, x.shape[dim]).copy_(x if x.shape[dim] <= width else x.narrow(dim, 0, width))
+        out.narrow(dim, 0, x.shape[dim]).copy_(x)
     return out
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from pathlib import Path
-
 from .profile import QUICK_CACHE_LENS, QUICK_REPS, QUICK_SIZES, CostCurve, _interp, _sync, balanced_tree, \
-    curve_for, curve_key, load_cached, measure, save, save_plot
+    curve_for, curve_key, keep_measured, load_cached, measure, save, save_plot
 
 
 def measured_batches(rows: int) -> list[int]:
@@ -84,11 +83,7 @@ def batch_curve_for(target: Any, batch: int, measure_if_missing: bool = True) ->
         return curve_for(target, measure_if_missing)
     curve = load_cached(batch_curve_key(target, batch))
     if curve is None and measure_if_missing:
-        curve = measure_batch(target, batch)
-        try:
-            save(curve)
-        except OSError:  # a read-only cache: measured again by the next process
-            pass
+        curve = keep_measured(measure_batch(target, batch))
     return curve
 
 

@@ -170,10 +170,6 @@ class SpecDecoder:
     def _needs_hidden(self) -> bool:
         return bool(getattr(self.drafter, "needs_target_hidden", False))
 
-    @property
-    def _needs_logits(self) -> bool:
-        return bool(getattr(self.drafter, "needs_target_logits", False))
-
     # ------------------------------------------------------------------ generation
     def generate(
         self,

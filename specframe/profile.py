@@ -304,11 +304,17 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
         if padded:  # a curve cached before the staircase was kept (its key already names the kernel)
             curve = _MEMO[cache_dir(), key] = replace(curve, padded_to=padded)
     if curve is None and measure_if_missing:
-        curve = measure(target)
-        try:
-            save(curve)
-        except OSError:  # a read-only cache still gets the curve for this process
-            _MEMO[cache_dir(), key] = curve
+        curve = keep_measured(measure(target))
+    return curve
+
+
+def keep_measured(curve: CostCurve) -> CostCurve:
+    """Cache a curve just measured (:func:`save`); a read-only cache still keeps it for this
+    process, so it is not measured again."""
+    try:
+        save(curve)
+    except OSError:
+        _MEMO[cache_dir(), curve.key] = curve
     return curve
 
 
