@@ -13,6 +13,15 @@ turn (ar, equal, shared, acceptance, ar, ...), so machine drift hits all arms al
   own tree, priced with its share of the batched forward (the curve at that batch shape,
   measured or read from the cache before the clock starts; docs/batching.md).
 
+Continuous batching (``--refill``, default on, B > 1): the arms above get a ``+refill`` twin
+that decodes a window of ``--window`` prompts (default: all) with at most B sequences live,
+a finished sequence's row going to the next prompt (``generate(max_live=B)``), beside
+``ar-refill``, batched greedy decoding that refills the same way
+(:func:`specframe.batch_baseline.autoregressive_refill`). The arms take turns per window. A
+``+refill`` arm's speedup is quoted against both ``ar`` (the static baseline) and ``ar-refill``
+(so what refilling alone buys is not credited to speculation); its latency is a sequence's
+time in the batch (prefill to last token), not counting its wait for a row.
+
 Per arm and B it prints throughput (all emitted tokens / wall time), mean per-sequence latency,
 mean tau (tokens per target forward of a sequence) and the speedup over ``ar`` at the same B,
 and lists every sequence that differs from the single-sequence greedy decoding of its prompt,
@@ -59,6 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fast small-batch CPU linears for every arm, batched autoregressive included, as "
                         "[target] packed_linears = true (default: on for smollm2; without them a few-row "
                         "forward costs nearly what that many one-row forwards cost on this CPU)")
+    p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run every arm with continuous batching (and ar-refill) at each B > 1")
+    p.add_argument("--window", type=int, default=None,
+                   help="prompts per continuous-batching run (default: all; the arms take turns per window)")
     p.add_argument("--out", type=Path, default=None, help="write the table and raw figures here (JSON)")
     args = p.parse_args(argv)
     if args.packed_linears is None:
@@ -115,6 +128,18 @@ def batchers(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     return arms
 
 
+def refills(args: argparse.Namespace, size: int) -> bool:
+    """Whether B = ``size`` also runs the continuous-batching arms (B = 1 has nothing to refill)."""
+    return args.refill and size > 1
+
+
+def autoregressive_refill(target: Any, prompts: list[list[int]], max_new: int, eos: set[int], size: int) -> list[list[int]]:
+    """Batched greedy decoding with at most ``size`` rows live, refilled as rows finish."""
+    from specframe.batch_baseline import autoregressive_refill as refill
+
+    return refill(target, prompts, max_new, eos, size)
+
+
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
     """Batched autoregressive decoding (:func:`specframe.batch.autoregressive_batch`): (tokens, wall seconds)."""
     from specframe.batch_baseline import autoregressive_batch
@@ -144,14 +169,19 @@ def run(args: argparse.Namespace) -> dict:
     model = target.model
     solo = [ar_batch(model, [p], args.max_new_tokens, eos)[0][0] for p in prompts]
     arms = batchers(args, target)
+    if args.refill:  # its code paths (join included) once, untimed, as the arms' warm-up
+        autoregressive_refill(target, prompts[:3], 4, eos, 2)
     figures: dict = {}
     with Progress() as bar:
-        task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) for b in args.sizes))
+        windows = -(-len(prompts) // (args.window or len(prompts)))
+        task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) + windows * refills(args, b)
+                                                     for b in args.sizes))
         for size in args.sizes:
             for name in ALLOCATORS:
                 arms[name].allocator.options.budget = args.budget * size
+            names = ("ar", *ARMS) + (("ar-refill", *(f"{a}+refill" for a in ARMS)) if refills(args, size) else ())
             rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": [],
-                          "steps": 0, "nodes": 0, "padded": 0, "draft": 0.0} for arm in ("ar", *ARMS)}
+                          "steps": 0, "nodes": 0, "padded": 0, "draft": 0.0} for arm in names}
             for start in range(0, len(prompts), size):
                 chunk = list(range(start, min(start + size, len(prompts))))
                 batch = [prompts[i] for i in chunk]
@@ -163,6 +193,22 @@ def run(args: argparse.Namespace) -> dict:
                            [o.wall_time for o in res.outputs], [o.tau for o in res.outputs])
                     work(rows[name], res)
                 bar.advance(task)
+            if refills(args, size):
+                window = args.window or len(prompts)
+                for start in range(0, len(prompts), window):
+                    chunk = list(range(start, min(start + window, len(prompts))))
+                    batch = [prompts[i] for i in chunk]
+                    t0 = time.perf_counter()
+                    outs = autoregressive_refill(target, batch, args.max_new_tokens, eos, size)
+                    wall = time.perf_counter() - t0
+                    record(rows["ar-refill"], model, chunk, prompts, solo, outs, wall, [], None)
+                    for name, batcher in arms.items():
+                        res = batcher.generate(batch, max_new_tokens=args.max_new_tokens,
+                                               eos_token_id=sorted(eos) or None, max_live=size)
+                        record(rows[f"{name}+refill"], model, chunk, prompts, solo, [o.tokens for o in res.outputs],
+                               res.wall_time, res.latencies, [o.tau for o in res.outputs])
+                        work(rows[f"{name}+refill"], res)
+                    bar.advance(task)
             figures[size] = rows
             write(args, figures, "partial: B = " + ", ".join(map(str, figures)))  # a crash keeps the finished B
     return figures
@@ -193,9 +239,7 @@ def work(row: dict, res: Any) -> None:
     what the packed forward computes) and draft seconds (all rows) to an arm's row."""
     row["steps"] += len(res.step_times)
     row["nodes"] += sum(s.tree_size for o in res.outputs for s in o.steps)
-    for k in range(len(res.step_times)):
-        sizes = [o.steps[k].tree_size for o in res.outputs if len(o.steps) > k]
-        row["padded"] += len(sizes) * max(sizes)
+    row["padded"] += sum(live * longest for live, longest in res.step_shapes)
     row["draft"] += sum(s.draft_time for o in res.outputs for s in o.steps)
 
 
@@ -204,21 +248,24 @@ def table(figures: dict, args: argparse.Namespace) -> str:
     lines = [f"{args.pair} / {args.drafter} / {args.policy}, batch budget {args.budget} x B, "
              f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}"
              f"{', packed linears' if args.packed_linears else ''}",
-             "", "| B | arm | tokens/s | speedup vs ar | mean latency (s) | mean tau | nodes / step | "
+             "", "| B | arm | tokens/s | speedup vs ar | vs ar-refill | mean latency (s) | mean tau | nodes / step | "
                  "forward rows / step | draft ms / step | diverged |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for size, rows in figures.items():
         base = rows["ar"]["tokens"] / rows["ar"]["wall"]
+        refill = rows["ar-refill"]["tokens"] / rows["ar-refill"]["wall"] if "ar-refill" in rows else None
         for arm, r in rows.items():
             tps = r["tokens"] / r["wall"]
+            vs_refill = f"{tps / refill:.2f}x" if refill and "refill" in arm else "-"
+            latency = f"{statistics.mean(r['latency']):.2f}" if r["latency"] else "-"
             tau = f"{statistics.mean(r['tau']):.2f}" if r["tau"] else "1.00"
             div = ", ".join(f"p{d['prompt']}@{d['at']} (margin {d['margin']})" for d in r["diverged"]) or "none"
             steps = r["steps"]
             nodes = f"{r['nodes'] / steps:.1f}" if steps else str(size)
             padded = f"{r['padded'] / steps:.1f}" if steps else str(size)
             draft = f"{1e3 * r['draft'] / steps:.2f}" if steps else "0"
-            lines.append(f"| {size} | {arm} | {tps:.1f} | {tps / base:.2f}x | "
-                         f"{statistics.mean(r['latency']):.2f} | {tau} | {nodes} | {padded} | {draft} | {div} |")
+            lines.append(f"| {size} | {arm} | {tps:.1f} | {tps / base:.2f}x | {vs_refill} | "
+                         f"{latency} | {tau} | {nodes} | {padded} | {draft} | {div} |")
     return "\n".join(lines)
 
 

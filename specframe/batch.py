@@ -32,13 +32,24 @@ class BatchOutput:
     Attributes:
         outputs: one :class:`GenerationOutput` per prompt, in prompt order (``wall_time`` = the
             time from the batch's start to the step that finished that sequence: its latency).
-        step_times: wall time of every batch step (prefill excluded).
+        step_times: wall time of every batch step (prefills excluded).
         wall_time: the whole call.
+        joined: per prompt, seconds from the batch's start to the start of its prefill (0 for
+            the first rows; later for a prompt that waited for a free row under ``max_live``).
+        step_shapes: per step, ``(live rows, longest tree)``: the packed forward computed
+            their product in rows.
     """
 
     outputs: list[GenerationOutput]
     step_times: list[float] = field(default_factory=list)
     wall_time: float = 0.0
+    joined: list[float] = field(default_factory=list)
+    step_shapes: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def latencies(self) -> list[float]:
+        """Per prompt: seconds from its prefill's start to its last token (its time in the batch)."""
+        return [o.wall_time - j for o, j in zip(self.outputs, self.joined)]
 
     @property
     def total_tokens(self) -> int:
@@ -75,6 +86,7 @@ class _Row:
     """One sequence of the batch while it decodes."""
 
     index: int
+    slot: int
     drafter: Drafter
     policy: TreePolicy
     committed: list[int]
@@ -119,19 +131,25 @@ class BatchDecoder:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                  eos_token_id: int | Sequence[int] | None = -1,
-                 generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None) -> BatchOutput:
+                 generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
+                 max_live: int | None = None) -> BatchOutput:
         """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
 
         ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt (an int
         or a ``torch.Generator``); row b then drafts and verifies with its own generator, so a sampled
         sequence depends only on its prompt and seed, not on its companions. ``generator``
         (instead): one stream shared by all rows; neither: the plugins' own generators.
+        ``max_live``: at most this many sequences decode at once; when one finishes, the next
+        prompt in order is prefilled and joins the batch (continuous batching), so the batch
+        stays full instead of waiting for its slowest sequence. None: all prompts at once.
         """
         dec = self.decoder
         if not prompts:
             raise ValueError("prompts is empty: pass at least one prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_live is not None and max_live < 1:
+            raise ValueError(f"max_live must be >= 1 (or None: every prompt at once), got {max_live}")
         ids = [_as_prompt(p) for p in prompts]
         for b, prompt in enumerate(ids):
             need = len(prompt) + max_new_tokens
@@ -140,22 +158,30 @@ class BatchDecoder:
                                  f"= {need} exceeds the target's {dec.target.max_positions} positions")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
-        curves = self._batch_curves(len(ids))
+        width = len(ids) if max_live is None else min(max_live, len(ids))
+        curves = self._batch_curves(width)
         start = time.perf_counter()
         kv = BatchKV(dec.target)
-        rows = self._begin(kv, ids, generators)
-        result = BatchOutput(outputs=[row.out for row in rows])
+        result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids))
+        rows = self._begin(kv, ids[:width], generators, result)
+        waiting = list(range(width, len(ids)))
         priced = 0
         try:
             while rows:
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
                 t0 = time.perf_counter()
+                live = len(rows)
                 rows = self._step(kv, rows, max_new_tokens, eos, start)
                 result.step_times.append(time.perf_counter() - t0)
+                result.step_shapes.append((live, kv.last_width))
+                if waiting and len(rows) < width:
+                    joining, waiting = waiting[: width - len(rows)], waiting[width - len(rows) :]
+                    rows += self._join(kv, rows, joining, ids, generators, result, start)
+                    priced = 0  # the newcomers' policies (reset) are priced at the new shape
         finally:
             if curves is not None:  # back to one-row prices, as generate() alone pays
-                self._price(self._policies[: len(ids)], curves.row_curve(1))
+                self._price(self._policies[:width], curves.row_curve(1))
         result.wall_time = time.perf_counter() - start
         return result
 
@@ -191,24 +217,44 @@ class BatchDecoder:
             raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
         return [s if isinstance(s, torch.Generator) else torch.Generator().manual_seed(int(s)) for s in seeds]
 
-    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list) -> list[_Row]:
-        """Prefill all prompts in one forward and begin every row's drafter and policy."""
-        dec = self.decoder
-        slots = [self._slot(b) for b in range(len(ids))]
-        prompt_logits = any(wants_prompt_logits(drafter) for drafter, _ in slots)
-        prefill = kv.prefill([p[:-1] for p in ids], hidden=dec._needs_hidden, logits=prompt_logits)
+    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list, result: BatchOutput) -> list[_Row]:
+        """Prefill the first prompts together and begin their rows' drafters and policies."""
+        slots = list(range(len(ids)))
+        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in slots)
+        prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden, logits=prompt_logits)
+        return self._start_rows(prefill, list(range(len(ids))), slots, ids, generators, result)
+
+    def _join(self, kv: BatchKV, rows: list[_Row], joining: list[int], ids: list[torch.Tensor],
+              generators: list, result: BatchOutput, start: float) -> list[_Row]:
+        """Prefill the prompts ``joining`` (indices into ``ids``) as new last rows of the batch,
+        in the slots (drafter, policy) the rows that left freed."""
+        at = time.perf_counter() - start
+        busy = {row.slot for row in rows}
+        slots = [b for b in range(len(rows) + len(joining)) if b not in busy][: len(joining)]
+        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in slots)
+        prefill = kv.join([ids[i][:-1] for i in joining], hidden=self.decoder._needs_hidden, logits=prompt_logits)
+        for i in joining:
+            result.joined[i] = at
+        return self._start_rows(prefill, joining, slots, ids, generators, result)
+
+    def _start_rows(self, prefill: Any, indices: list[int], slots: list[int], ids: list[torch.Tensor],
+                    generators: list, result: BatchOutput) -> list[_Row]:
+        """Begin the drafter and policy of ``slots[j]`` on prompt ``indices[j]``, whose prefill
+        outputs are row ``j`` of ``prefill``."""
+        needs_hidden = self.decoder._needs_hidden
         rows = []
-        for b, prompt in enumerate(ids):
-            drafter, policy = slots[b]
+        for j, (i, slot) in enumerate(zip(indices, slots)):
+            drafter, policy = self._slot(slot)
+            prompt = ids[i]
             n = len(prompt) - 1
             hidden = logits = None
-            if n > 0 and dec._needs_hidden:
-                hidden = tuple(h[b : b + 1, :n] for h in prefill.hidden_states)
+            if n > 0 and needs_hidden:
+                hidden = tuple(h[j : j + 1, :n] for h in prefill.hidden_states)
             if n > 0 and wants_prompt_logits(drafter):
-                logits = prefill.logits[b, :n]
+                logits = prefill.logits[j, :n]
             drafter.begin(prompt, target_hidden=hidden, **logits_keyword(drafter, logits))
             policy.reset()
-            rows.append(_Row(b, drafter, policy, prompt.tolist(), GenerationOutput(tokens=[]), generators[b]))
+            rows.append(_Row(i, slot, drafter, policy, prompt.tolist(), result.outputs[i], generators[i]))
         return rows
 
     def _build(self, rows: list[_Row]) -> tuple[list, list, list[int], list[float]]:
@@ -334,8 +380,10 @@ class BatchDecoder:
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
-                   generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None) -> BatchOutput:
-    """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`).
+                   generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
+                   max_live: int | None = None) -> BatchOutput:
+    """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`;
+    ``max_live``: continuous batching, at most that many sequences at once).
 
     A :class:`BatchDecoder` kept on the decoder per allocator spec reuses its rows' drafters
     and policies across calls (the engine module does not import this one: layer rules).
@@ -344,4 +392,4 @@ def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens:
     key = repr(allocator)
     if key not in cache:
         cache[key] = BatchDecoder(decoder, allocator)
-    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds)
+    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds, max_live)

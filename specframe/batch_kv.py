@@ -49,6 +49,7 @@ class BatchKV:
         self.target = target
         self.cache: Any = None
         self.lengths: list[int] = []
+        self.last_width = 0  # the last tree forward's n_max
 
     @property
     def width(self) -> int:
@@ -112,6 +113,16 @@ class BatchKV:
     def _prefill_rows(self, prefixes: Sequence[torch.Tensor], width: int, hidden: bool, logits: bool) -> Any:
         """:meth:`prefill` one prompt at a time: each row's keys and values (and outputs) are
         those of the prompt alone, right-padded with zeros to ``width`` (masked as stale)."""
+        layers, out = self._each_row(prefixes, width, hidden, logits)
+        for i, (keys, values) in enumerate(layers):
+            self.cache.update(keys, values, i)
+        return out
+
+    def _each_row(self, prefixes: Sequence[torch.Tensor], width: int, hidden: bool,
+                  logits: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:
+        """Forward each non-empty prefix alone; returns every layer's ``(keys, values)`` of all
+        rows stacked (``[rows, H, width, D]``, zero columns past a prefix) and the stacked
+        outputs (None when every prefix is empty)."""
         from transformers import DynamicCache
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -127,11 +138,16 @@ class BatchKV:
             outs.append(self._forward(prefix[None], torch.arange(n)[None], causal, hidden,
                                       last_logits_only=not logits, cache=cache))
             caches.append(cache)
-        template = next(c for c in caches if c is not None)
+        template = next((c for c in caches if c is not None), None)
+        if template is None:  # one-token prompts: zero rows shaped as the running cache's
+            return [(_pad_cols(None, layer.keys, width).expand(len(prefixes), -1, -1, -1),
+                     _pad_cols(None, layer.values, width).expand(len(prefixes), -1, -1, -1))
+                    for layer in self._layers()], None
+        layers = []
         for i, layer in enumerate(template.layers):
             keys = [_pad_cols(None if c is None else c.layers[i].keys, layer.keys, width) for c in caches]
             values = [_pad_cols(None if c is None else c.layers[i].values, layer.values, width) for c in caches]
-            self.cache.update(torch.cat(keys), torch.cat(values), i)
+            layers.append((torch.cat(keys), torch.cat(values)))
         some = next(o for o in outs if o is not None)
         cols = width if logits else 1
         stacked = [_pad_cols(None if o is None else o.logits, some.logits, cols, dim=1) for o in outs]
@@ -139,7 +155,34 @@ class BatchKV:
         if hidden:
             states = tuple(torch.cat([_pad_cols(None if o is None else o.hidden_states[j], h, width, dim=1) for o in outs])
                            for j, h in enumerate(some.hidden_states))
-        return CausalLMOutputWithPast(logits=torch.cat(stacked), hidden_states=states)
+        return layers, CausalLMOutputWithPast(logits=torch.cat(stacked), hidden_states=states)
+
+    def _layers(self) -> list[Any]:
+        """The cache's attention layers that hold ``[B, H, S, D]`` keys and values."""
+        return [layer for layer in self.cache.layers
+                if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
+
+    @torch.inference_mode()
+    def join(self, prefixes: Sequence[torch.Tensor], hidden: bool = False, logits: bool = False) -> Any:
+        """Add rows to a running batch (continuous batching): each prefix is prefilled alone,
+        as :meth:`prefill` does on a CPU, and its keys and values become a new last row.
+
+        Called after a step, when the cache has its layers (a step's forward made them). Rows
+        already in the batch keep their columns; the cache widens with zero (stale) columns if
+        a new prefix is longer than every live one. Returns the new rows' outputs as
+        :meth:`prefill` returns them (row ``i`` is ``prefixes[i]``), or None when every prefix
+        is empty.
+        """
+        if self.cache is None or not self._layers():
+            raise RuntimeError("join() needs a running batch: call prefill() and run a step first")
+        lengths = [int(p.numel()) for p in prefixes]
+        width = max(self.width, *lengths)
+        layers, out = self._each_row(prefixes, width, hidden, logits)
+        for layer, (keys, values) in zip(self._layers(), layers):
+            layer.keys = torch.cat([_pad_cols_all(layer.keys, width), keys.to(layer.keys.dtype)])
+            layer.values = torch.cat([_pad_cols_all(layer.values, width), values.to(layer.values.dtype)])
+        self.lengths = self.lengths + lengths
+        return out
 
     @torch.inference_mode()
     def tree_forward(self, trees: Sequence[DraftTree], hidden: bool = False) -> Any:
@@ -149,7 +192,7 @@ class BatchKV:
         padding nodes see only themselves. Logits ``[B, n_max, V]``: row b's first ``len(trees[b])``.
         """
         rows, width = len(trees), self.width
-        n_max = max(len(tree) for tree in trees)
+        n_max = self.last_width = max(len(tree) for tree in trees)
         device = self.target.device
         tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
         positions = torch.zeros(rows, n_max, dtype=torch.long, device=device)
@@ -199,6 +242,14 @@ class BatchKV:
                 # All rows live (most steps): a view; the next step's append copies the cache anyway.
                 setattr(layer, name, kv[:, :, :width] if every else kv[index, :, :width])
         self.lengths = new_lengths
+
+
+def _pad_cols_all(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Every row of ``x`` (``[B, H, S, D]``) zero-padded to ``width`` columns (``x`` itself if wide enough)."""
+    if x.shape[-2] >= width:
+        return x
+    pad = x.new_zeros(*x.shape[:-2], width - x.shape[-2], x.shape[-1])
+    return torch.cat([x, pad], dim=-2)
 
 
 def _pad_cols(x: torch.Tensor | None, like: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:

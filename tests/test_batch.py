@@ -358,3 +358,67 @@ def test_batched_autoregressive_is_plain_greedy_per_row():
     assert 1 in rows[0]  # the case that tells the two apart
     stopped = autoregressive_batch(model, prompts, MAX_NEW, {1})
     assert stopped == [greedy_reference(model, p, MAX_NEW, 1) for p in prompts]
+
+
+# ---------------------------------------------------------------- continuous batching (max_live)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@settings(max_examples=EXAMPLES)
+@given(prompts=prompt_lists, max_live=st.integers(1, 4), eos_pick=st.integers(0, MAX_NEW - 1))
+def test_continuous_batching_equals_greedy_alone(drafter, prompts, max_live, eos_pick):
+    """Prompts join as rows leave: each still equals its greedy decoding, and (for a drafter
+    without persistent state) repeats generate()'s step records, whatever joined beside it."""
+    model = tiny_target()
+    eos = greedy_reference(model, prompts[0], MAX_NEW, None)[eos_pick % MAX_NEW]
+    dec = decoder(drafter)
+    batch = generate_batch(dec, prompts, max_new_tokens=MAX_NEW, eos_token_id=eos, max_live=max_live)
+    same_steps = not getattr(dec.drafter, "persistent_state", False)
+    for prompt, out in zip(prompts, batch.outputs):
+        assert out.tokens == greedy_reference(model, prompt, MAX_NEW, eos), f"{drafter}: {prompt}"
+        if same_steps:
+            assert step_record(out) == step_record(solo(drafter, "talon", prompt, eos)), f"{drafter}: {prompt}"
+
+
+def test_continuous_batching_never_runs_more_than_max_live_rows():
+    """Every step verifies at most max_live trees, and a prompt joins only when a row left."""
+    prompts = [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40], [2, 2], [1, 2, 3], [4, 4, 4, 4]]
+    batcher = BatchDecoder(decoder("ngram"))
+    live_per_step = []
+    step = batcher._step
+
+    def counted(kv, rows, *args):
+        live_per_step.append(len(rows))
+        assert len(kv.lengths) == len(rows)  # the cache has exactly the live rows
+        return step(kv, rows, *args)
+
+    batcher._step = counted
+    out = batcher.generate(prompts, max_new_tokens=6, eos_token_id=None, max_live=2)
+    assert max(live_per_step) == 2 and live_per_step[0] == 2
+    assert sum(len(o.steps) for o in out.outputs) == sum(live_per_step)
+    assert out.joined[:2] == [0.0, 0.0] and all(j > 0 for j in out.joined[2:])
+    assert all(lat > 0 for lat in out.latencies)
+
+
+def test_a_joining_prompt_longer_than_the_batch_widens_the_cache():
+    """A newcomer longer than every live prefix, and a one-token one, beside a row mid-decode."""
+    model = tiny_target()
+    prompts = [[3], [9, 9], [1, 5, 2, 7, 3, 8, 6, 4, 2, 11, 13, 17], [6]]
+    out = generate_batch(decoder("model"), prompts, max_new_tokens=MAX_NEW, eos_token_id=None, max_live=2)
+    for prompt, o in zip(prompts, out.outputs):
+        assert o.tokens == greedy_reference(model, prompt, MAX_NEW, None)
+
+
+def test_max_live_must_be_positive():
+    with pytest.raises(ValueError, match="max_live"):
+        generate_batch(decoder("ngram"), [[1, 2]], max_new_tokens=2, max_live=0)
+
+
+@pytest.mark.parametrize("max_live", [1, 2, 5])
+def test_batched_autoregressive_with_refill_is_plain_greedy_per_row(max_live):
+    from specframe.batch_baseline import autoregressive_refill
+
+    model = tiny_target()
+    prompts = [[5, 1, 62, 6, 27, 0, 1, 24], [3], [9, 9, 4], [2], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
+    eos = greedy_reference(model, prompts[0], MAX_NEW, None)[2]
+    for stop in (set(), {eos}):
+        rows = autoregressive_refill(TargetModel(model), prompts, MAX_NEW, stop, max_live)
+        assert rows == [greedy_reference(model, p, MAX_NEW, eos if stop else None) for p in prompts]
