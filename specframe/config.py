@@ -177,9 +177,14 @@ class RunSettings:
     batch_allocator: str = "equal"
     #: Nodes per sequence in the batch budget (total = batch_budget x batch_size); None = none.
     batch_budget: int | None = None
+    #: Continuous batching: at most ``batch_size`` sequences live, a finished one's row going to
+    #: the next question (``autoregressive`` refills the same way).
+    batch_refill: bool = False
 
     def __post_init__(self) -> None:
         _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1, batch_size=1, batch_budget=1)
+        if self.batch_refill and self.batch_size < 2:
+            raise ConfigError(f"batch_refill = true needs batch_size >= 2 (the rows to refill), got {self.batch_size}")
 
 
 @dataclass(kw_only=True)
@@ -211,7 +216,8 @@ class ExperimentConfig(RunSettings):
             "data": {"path": str(self.data.path), "category": self.data.category,
                      "chat_template": self.data.chat_template},
             # Only batched runs carry the key, so unbatched runs resume as before.
-            **({"batch": {"size": self.batch_size, "allocator": self.batch_allocator, "budget": self.batch_budget}}
+            **({"batch": {"size": self.batch_size, "allocator": self.batch_allocator, "budget": self.batch_budget,
+                          **({"refill": True} if self.batch_refill else {})}}
                if self.batch_size > 1 else {}),
         })
 
@@ -511,6 +517,7 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
         drafter=drafter, max_new_tokens=t.max_new_tokens, warmup=t.warmup, repeats=t.repeats, seed=t.seed,
         stop_at_eos=t.stop_at_eos, threads=t.threads, source=source, batch_size=t.batch_size,
         batch_allocator=_batch_allocator(t.batch_allocator, t.batch_size, arms), batch_budget=t.batch_budget,
+        batch_refill=t.batch_refill,
     )
 
 

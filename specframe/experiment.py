@@ -475,16 +475,21 @@ class Experiment:
         A record's ``wall_time`` is its share of the batch's wall time by tokens, so the report's
         tokens/s is the batch's throughput; ``extra["batch"]`` keeps the batch size, the
         sequence's latency (batch start to its last token) and the batch's wall time.
+        ``batch_refill``: one chunk per repeat (all its questions), decoded with at most B
+        sequences live (continuous batching), the latency being a sequence's time from its
+        prefill to its last token.
         """
         from .batch import BatchDecoder
-        from .batch_baseline import autoregressive_batch
+        from .batch_baseline import autoregressive_batch, autoregressive_refill
 
         cfg = self.config
         work = {(r, answer_key(q.question_id, r), a.name) for r, q, a in todo}
         chunks: list[tuple[int, list[Question]]] = []
+        step = None if cfg.batch_refill else cfg.batch_size
         for repeat in sorted({r for r, _, _ in todo}):
             qs = list({answer_key(q.question_id, repeat): q for r, q, _ in todo if r == repeat}.values())
-            chunks += [(repeat, qs[i : i + cfg.batch_size]) for i in range(0, len(qs), cfg.batch_size)]
+            chunks += [(repeat, qs[i : i + (step or len(qs))]) for i in range(0, len(qs), step or len(qs))]
+        live = cfg.batch_size if cfg.batch_refill else None
         computed = 0
         for repeat, chunk in chunks:
             for arm in cfg.arms:
@@ -501,7 +506,11 @@ class Experiment:
                         runner.batch.generate(prompts, 2, sorted(eos) or None)
                 _sync(target.device)
                 start = time.perf_counter()
-                if arm.baseline == "autoregressive":
+                if arm.baseline == "autoregressive" and live:
+                    tokens = autoregressive_refill(target, prompts, cfg.max_new_tokens, eos, live)
+                    outs = [ArmOutput(t, len(t), 0, [1] * len(t)) for t in tokens]
+                    latency = None
+                elif arm.baseline == "autoregressive":
                     tokens = autoregressive_batch(target.model, prompts, cfg.max_new_tokens, eos)
                     outs = [ArmOutput(t, len(t), 0, [1] * len(t)) for t in tokens]
                     latency = None
@@ -510,12 +519,12 @@ class Experiment:
                         raise ExperimentError(f"batch_size = {cfg.batch_size}: arm {arm.name!r} does not decode "
                                               "with the engine, so it cannot batch; set batch_size = 1")
                     batcher = runner.batch
-                    batcher.allocator.options.budget = cfg.batch_budget and cfg.batch_budget * len(qs)
+                    batcher.allocator.options.budget = cfg.batch_budget and cfg.batch_budget * min(len(qs), cfg.batch_size)
                     res = batcher.generate(prompts, cfg.max_new_tokens, sorted(eos) or None,
-                                           seeds=[self._generator(repeat, 0, q.question_id) for q in qs])
+                                           seeds=[self._generator(repeat, 0, q.question_id) for q in qs], max_live=live)
                     outs = [ArmOutput(list(o.tokens), len(o.steps), sum(s.draft_forwards for s in o.steps),
                                       [s.emitted for s in o.steps], steps=o.steps) for o in res.outputs]
-                    latency = [o.wall_time for o in res.outputs]
+                    latency = res.latencies
                 _sync(target.device)
                 wall = time.perf_counter() - start
                 total = max(1, sum(len(o.tokens) for o in outs))
@@ -524,7 +533,8 @@ class Experiment:
                     model_id = f"{Path(cfg.target.model).name}-{arm.slug}"
                     record = make_record(arm, q, repeat, model_id, runner.greedy,
                                          [(prompt, out, share, encoder.decode(out.tokens))], 0)
-                    record.extra["batch"] = {"size": len(qs), "latency": round(latency[i] if latency else wall, 7),
+                    record.extra["batch"] = {"size": min(len(qs), cfg.batch_size), **({"refill": True} if live else {}),
+                                             "latency": round(latency[i] if latency else wall, 7),
                                              "wall": round(wall, 7)}
                     store.append(record)
                     computed += 1

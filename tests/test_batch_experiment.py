@@ -79,3 +79,24 @@ def test_batched_runs_refuse_what_cannot_batch(tmp_path):
         load_config(write(tmp_path, "batch_size = 2", "bad2", '\n[[arm]]\nbaseline = "hf-prompt-lookup"\n'))
     with pytest.raises(Exception, match="has 2 turns; batched runs take single-turn questions only"):
         run_experiment(write(tmp_path, "batch_size = 2", "multi", turns=2))
+
+
+def test_a_refilled_run_answers_like_the_unbatched_one(tmp_path):
+    """batch_refill: one window of all questions with at most B live, autoregressive refilled too."""
+    single = run_experiment(write(tmp_path, "", "single")).out_dir
+    refilled = run_experiment(write(tmp_path, "batch_size = 2\nbatch_refill = true", "refilled")).out_dir
+    one, many = answers(single), answers(refilled)
+    assert one.keys() == many.keys() and len(many) == 10
+    for key, record in many.items():
+        assert record["output_ids"] == one[key]["output_ids"], key
+        assert record["batch"]["size"] == 2 and record["batch"]["refill"] is True
+        assert 0 < record["batch"]["latency"] <= record["batch"]["wall"]
+    for arm in {name for name, _ in many}:
+        rows = [r for (name, _), r in many.items() if name == arm]
+        # One window: the shares of its wall time add up to it.
+        assert sum(r["choices"][0]["wall_time"][0] for r in rows) == pytest.approx(rows[0]["batch"]["wall"], rel=1e-3)
+
+
+def test_batch_refill_needs_rows_to_refill(tmp_path):
+    with pytest.raises(ConfigError, match="batch_refill = true needs batch_size >= 2"):
+        load_config(write(tmp_path, "batch_refill = true", "bad"))
