@@ -46,6 +46,12 @@ class Drafter(ABC):
     #: checks that a fresh instance reproduces a fresh run instead of requiring ``begin`` to
     #: forget (docs/conformance.md).
     persistent_state: ClassVar[bool] = False
+    #: True for a drafter whose later drafts depend on which of its proposals the target
+    #: accepted, rejected nodes included (the hybrid's per-part calibration): no fresh drafter
+    #: fed only the committed tokens can repeat its rows, so the conformance suite's honesty
+    #: test compares it with a copy of itself as each step began. Implied by
+    #: ``needs_target_logits``. May be set per instance.
+    learns_from_verdicts: ClassVar[bool] = False
     #: Whether replaying a recorded greedy target trace (:mod:`specframe.replay`) reproduces
     #: this drafter's live run: ``"exact"`` (drafts depend only on committed tokens),
     #: ``"approximate"`` (e.g. EAGLE heads fed hidden states of a full forward, equal to the

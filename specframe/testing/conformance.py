@@ -52,7 +52,7 @@ from . import fixtures as fx
 from .distribution import TreeSampler, chi_square_pvalue, emitted_distribution, hf_warped_probs
 from .harness import (
     begin_generation, check_against_drafter, check_draft_records, check_output, commit_step, greedy_reference,
-    grow_tree, needs_target_logits, sparse_drafter,
+    grow_tree, learns_from_verdicts, needs_target_logits, sparse_drafter,
 )
 from .reference import decide, greedy_walk, read_verdict
 from .profiles import profile_examples
@@ -393,16 +393,16 @@ class DrafterConformance(_Conformance):
         gives when that node's path is expanded as a chain, one node at a time. Checked over
         several engine-like steps (greedy verification, ``commit`` called as the engine calls
         it), so what a drafter keeps between steps is checked too. A drafter that declares
-        ``needs_target_logits`` learns from the target at every verified node, rejected ones
-        included, which no fresh drafter can know: its reference is a copy of itself as the
-        step began."""
+        ``needs_target_logits`` or ``learns_from_verdicts`` learns from the target at every
+        verified node, rejected ones included, which no fresh drafter can know: its reference
+        is a copy of itself as the step began."""
         model = fx.tiny_target()
         target, reference = TargetModel(model), TargetModel(model)
         drafter = self.make_drafter(target)
         committed = list(prompt)
         begin_generation(drafter, target, committed)
         for step in range(steps):
-            snapshot = copy.deepcopy(drafter) if needs_target_logits(drafter) else None
+            snapshot = copy.deepcopy(drafter) if learns_from_verdicts(drafter) else None
             tree, rows = grow_tree(DraftSession(drafter, committed[-1], target.device), widths)
             for node, row in rows.items():
                 path = [int(tree.tokens[i]) for i in tree.path_to(node)[1:]]

@@ -91,6 +91,12 @@ def needs_target_logits(drafter: Drafter) -> bool:
     return bool(getattr(drafter, "needs_target_logits", False))
 
 
+def learns_from_verdicts(drafter: Drafter) -> bool:
+    """Whether ``drafter``'s drafts depend on the verdicts at its rejected nodes too: it declares
+    ``learns_from_verdicts`` or ``needs_target_logits`` (on its class or the instance)."""
+    return bool(getattr(drafter, "learns_from_verdicts", False)) or needs_target_logits(drafter)
+
+
 def begin_generation(drafter: Drafter, target: TargetModel, committed: list[int]) -> None:
     """Start a generation as the engine does: prefill the target, then ``begin`` with the
     target's hidden states and logits for drafters that declare they need them."""
