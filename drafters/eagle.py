@@ -16,14 +16,16 @@ head's own guesses for those rows are replaced by the real features).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Generator, Sequence
 
 import torch
 
+from specframe.batch_draft import DraftCall
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
 from specframe.packed_linear import linear_kernel, pack_linears
+from specframe.selection import topk_per_row
 from specframe.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -88,6 +90,10 @@ class EagleDrafter(Drafter):
         self.device = target.device
         self.begin(torch.zeros(1, dtype=torch.long))
 
+    def shared_options(self) -> EagleOptions:
+        """These options with the loaded head itself (kernels packed): a batch's rows share it."""
+        return replace(self.options, path=None, head=self.head)
+
     # ------------------------------------------------------------------ state
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Reset; queue the prompt's pairs (f_t, x_{t+1}), forwarded with the first expand."""
@@ -120,14 +126,54 @@ class EagleDrafter(Drafter):
         Policies expand a layer whose parents were expanded before, so this is one forward.
         """
         with torch.inference_mode():
-            if 0 not in self.logp_of:
-                self._forward_root()
-            anc = tree.ancestor_mask()[nodes].any(dim=0)
-            missing = [i for i in torch.nonzero(anc).flatten().tolist() if i not in self.logp_of]
-            depths = tree.depths.tolist()
-            for depth in sorted({depths[i] for i in missing}):
-                self._forward_nodes(tree, [i for i in missing if depths[i] == depth])
-            return torch.stack([self.logp_of[int(n)] for n in nodes.tolist()])
+            steps = self._expand_steps(tree, nodes)
+            try:
+                job = next(steps)
+                while True:
+                    job = steps.send(self._run(job.tokens, job.feats, job.positions, job.mask, job.from_target))
+            except StopIteration as done:
+                return done.value
+
+    @classmethod
+    def expand_batch(cls, calls: Sequence[DraftCall]) -> list[Any]:
+        """Several rows' calls (:class:`specframe.batch_draft.DraftCall`, one per row, each of
+        its own drafter) with ONE head forward per tree layer for the rows that share a head:
+        their pairs packed ``[B, q_max]`` over their head caches stacked (zero-padded, masked).
+        Each answer is what the row's own ``expand`` / ``expand_top`` returns, up to float
+        rounding of the other shapes."""
+        with torch.inference_mode():
+            steps = [call.drafter._expand_steps(call.tree, call.nodes) for call in calls]
+            answers: list[Any] = [None] * len(calls)
+            sends: dict[int, Any] = {i: None for i in range(len(calls))}
+            while sends:
+                jobs = {}
+                for i, value in sends.items():
+                    try:
+                        jobs[i] = steps[i].send(value)
+                    except StopIteration as done:
+                        answers[i] = done.value
+                sends = {}
+                for group in _by_head(calls, jobs):
+                    hidden = _run_packed([calls[i].drafter for i in group], [jobs[i] for i in group])
+                    sends.update(zip(group, hidden))
+        return [logp if call.k is None else topk_per_row(logp, call.k) for call, logp in zip(calls, answers)]
+
+    def _expand_steps(self, tree: DraftTree, nodes: torch.Tensor) -> Generator["_HeadJob", torch.Tensor, torch.Tensor]:
+        """:meth:`expand` as a generator: yields each head forward it needs (a :class:`_HeadJob`),
+        is sent the forward's hidden rows ``[q, H]``, returns the log-probs."""
+        if 0 not in self.logp_of:
+            job = self._root_job()
+            if job is not None:
+                self._take_root((yield job))
+        anc = tree.ancestor_mask()[nodes].any(dim=0)
+        missing = [i for i in torch.nonzero(anc).flatten().tolist() if i not in self.logp_of]
+        depths = tree.depths.tolist()
+        for depth in sorted({depths[i] for i in missing}):
+            todo = [i for i in missing if depths[i] == depth]
+            job = self._nodes_job(tree, todo)
+            if job is not None:
+                self._take_nodes(todo, (yield job))
+        return torch.stack([self.logp_of[int(n)] for n in nodes.tolist()])
 
     def _uniform(self) -> torch.Tensor:
         cfg = self.head.config
@@ -135,30 +181,34 @@ class EagleDrafter(Drafter):
                           dtype=torch.promote_types(self.pending_feats.dtype, torch.float32), device=self.device)
         return self.head.target_logp(logp)[0]
 
-    def _forward_root(self) -> None:
-        """Forward the queued committed pairs; the last one (f_{L-2}, root) drafts the root's children."""
+    def _root_job(self) -> "_HeadJob | None":
+        """The forward of the queued committed pairs, whose last one (f_{L-2}, root) drafts the
+        root's children; None when there is nothing to forward (the root then drafts uniformly)."""
         p = len(self.pending_tokens)
         if p == 0:
             # A one-token prompt: the target has produced no feature yet, so nothing to draft from.
             self.logp_of[0] = self._uniform()
-            return
+            return None
         start = self.cached
         positions = torch.arange(start, start + p, device=self.device)
         mask = torch.ones(p, start + p, dtype=torch.bool, device=self.device)
         mask[:, start:] = torch.ones(p, p, dtype=torch.bool, device=self.device).tril()
-        hidden = self._run(self.pending_tokens, self.pending_feats, positions, mask, from_target=True)
-        self.cached += p
+        return _HeadJob(self.pending_tokens, self.pending_feats, positions, mask, from_target=True)
+
+    def _take_root(self, hidden: torch.Tensor) -> None:
+        self.cached += len(self.pending_tokens)
         self.pending_feats = self.pending_feats[:0]
         self.pending_tokens = self.pending_tokens[:0]
         self.out_of[0] = hidden[-1]
         self.logp_of[0] = self.head.target_logp(self.head.logits(hidden[-1:]))[0]
 
-    def _forward_nodes(self, tree: DraftTree, todo: list[int]) -> None:
-        """One batched forward of tree nodes whose parents have head outputs."""
+    def _nodes_job(self, tree: DraftTree, todo: list[int]) -> "_HeadJob | None":
+        """One batched forward of tree nodes whose parents have head outputs (None: no
+        features at all, the nodes draft uniformly)."""
         if 0 not in self.out_of:  # no features at all (one-token prompt): stay uninformed
             for node in todo:
                 self.logp_of[node] = self._uniform()
-            return
+            return None
         idx = torch.tensor(todo, dtype=torch.long, device=tree.device)
         parents = tree.parents[idx].tolist()
         missing = [p for p in parents if p not in self.out_of]
@@ -172,7 +222,9 @@ class EagleDrafter(Drafter):
         if s:
             mask[:, self.cached : self.cached + s] = anc[:, torch.tensor(self.slots, device=self.device)]
         mask[:, self.cached + s :] = anc[:, idx.to(self.device)]
-        hidden = self._run(tree.tokens[idx].to(self.device), feats, positions, mask, from_target=False)
+        return _HeadJob(tree.tokens[idx].to(self.device), feats, positions, mask, from_target=False)
+
+    def _take_nodes(self, todo: list[int], hidden: torch.Tensor) -> None:
         logp = self.head.target_logp(self.head.logits(hidden))
         for j, node in enumerate(todo):
             self.out_of[node] = hidden[j]
@@ -183,6 +235,11 @@ class EagleDrafter(Drafter):
              mask: torch.Tensor, from_target: bool) -> torch.Tensor:
         hidden, self.kv = self.head(tokens[None], feats[None], positions[None], mask[None], self.kv, from_target)
         return hidden[0]
+
+    @property
+    def _cache_len(self) -> int:
+        """Rows in the head's cache (committed pairs, then this step's forwarded tree nodes)."""
+        return 0 if self.kv is None else int(self.kv[0][0].shape[2])
 
     # ------------------------------------------------------------------ commit
     @torch.inference_mode()
@@ -199,3 +256,71 @@ class EagleDrafter(Drafter):
             self._queue(self.head.features(target_hidden, path.to(torch.long))[0], tokens)
         self.num_committed += len(tokens)
         self._new_step()
+
+
+@dataclass
+class _HeadJob:
+    """One head forward of a row: pairs ``(feats[i], tokens[i])`` at ``positions``, ``mask``
+    bool ``[q, S + q]`` over the row's cache (S rows) and the new pairs."""
+
+    tokens: torch.Tensor
+    feats: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    from_target: bool
+
+
+def _by_head(calls: Sequence[DraftCall], jobs: dict[int, _HeadJob]) -> list[list[int]]:
+    """The jobs' call indices grouped by head instance and input kind (fused target features
+    or the head's own outputs: EAGLE-3 takes them through different layers)."""
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, job in jobs.items():
+        groups.setdefault((id(calls[i].drafter.head), job.from_target), []).append(i)
+    return list(groups.values())
+
+
+def _run_packed(drafters: list[EagleDrafter], jobs: list[_HeadJob]) -> list[torch.Tensor]:
+    """Every row's head forward in ONE call of their shared head, each row's cache extended as
+    its own :meth:`EagleDrafter._run` extends it; returns each row's hidden rows ``[q, H]``."""
+    if len(jobs) == 1:
+        job = jobs[0]
+        return [drafters[0]._run(job.tokens, job.feats, job.positions, job.mask, job.from_target)]
+    sizes = [len(job.tokens) for job in jobs]
+    lengths = [d._cache_len for d in drafters]
+    width, q_max, dev = max(lengths), max(sizes), drafters[0].device
+    rows = len(jobs)
+    tokens = torch.zeros(rows, q_max, dtype=torch.long, device=dev)
+    positions = torch.zeros(rows, q_max, dtype=torch.long, device=dev)
+    feats = jobs[0].feats.new_zeros(rows, q_max, jobs[0].feats.shape[-1])
+    visible = torch.zeros(rows, q_max, width + q_max, dtype=torch.bool, device=dev)
+    visible[:, :, width:] = torch.eye(q_max, dtype=torch.bool, device=dev)  # padding sees itself
+    for b, (job, q, s) in enumerate(zip(jobs, sizes, lengths)):
+        tokens[b, :q], positions[b, :q], feats[b, :q] = job.tokens, job.positions, job.feats
+        positions[b, q:] = job.positions[-1]
+        visible[b, :q, :s] = job.mask[:, :s]
+        visible[b, :q, width : width + q] = job.mask[:, s:]
+    past = _stacked_kv(drafters, width) if width else None
+    hidden, present = drafters[0].head(tokens, feats, positions, visible, past, jobs[0].from_target)
+    for b, (d, q, s) in enumerate(zip(drafters, sizes, lengths)):
+        d.kv = [(torch.cat([k[b : b + 1, :, :s], k[b : b + 1, :, width : width + q]], dim=2),
+                 torch.cat([v[b : b + 1, :, :s], v[b : b + 1, :, width : width + q]], dim=2)) for k, v in present]
+    return [hidden[b, :q] for b, q in enumerate(sizes)]
+
+
+def _stacked_kv(drafters: list[EagleDrafter], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The drafters' head caches stacked per layer, each zero-padded to ``width`` rows."""
+    template = next(d.kv for d in drafters if d.kv is not None)
+    stacked = []
+    for i, (k0, v0) in enumerate(template):
+        keys, values = [], []
+        for d in drafters:
+            k = k0.new_zeros(1, k0.shape[1], width, k0.shape[3])
+            v = v0.new_zeros(1, v0.shape[1], width, v0.shape[3])
+            if d.kv is not None:
+                own_k, own_v = d.kv[i]
+                k[:, :, : own_k.shape[2]] = own_k
+                v[:, :, : own_v.shape[2]] = own_v
+            keys.append(k)
+            values.append(v)
+        stacked.append((torch.cat(keys), torch.cat(values)))
+    return stacked

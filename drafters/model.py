@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import torch
 
+from specframe.batch_draft import DraftCall, RowInputs, forward_rows
 from specframe.interfaces import Drafter
 from specframe.options import OptionError
 from specframe.pairs import check_same_tokenizer, model_source
+from specframe.selection import topk_per_row
 from specframe.target import TargetModel, load_causal_lm
 from specframe.tree import DraftTree
 
@@ -64,6 +66,10 @@ class ModelDrafter(Drafter):
         self.cached = 0
         self._kept: tuple[torch.Tensor, dict[int, int], int] | None = None  # commit's path, until read
 
+    def shared_options(self) -> ModelDrafterOptions:
+        """These options with the loaded model itself: a batch's rows share its weights."""
+        return replace(self.options, model=self.lm.model)
+
     @property
     def vocab_size(self) -> int:
         """The draft model's output vocabulary size."""
@@ -87,6 +93,33 @@ class ModelDrafter(Drafter):
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Draft log-probs after each node; one forward covers catch-up tokens and new nodes."""
+        wanted, query = self._plan(tree, nodes)
+        if query is not None:
+            self._take(query, self.lm.forward(query.tokens, query.positions, query.mask,
+                                              max_position=query.top).logits[0])
+        return torch.stack([self.logp_of[node] for node in wanted])
+
+    @classmethod
+    def expand_batch(cls, calls: Sequence[DraftCall]) -> list[Any]:
+        """Several rows' calls (:class:`specframe.batch_draft.DraftCall`, one per row, each of
+        its own drafter) in ONE draft model forward for the rows that share a draft model: their
+        queries packed ``[B, q_max]`` over their caches stacked (see
+        :func:`specframe.batch_draft.forward_rows`). Each answer is what the row's own
+        ``expand`` / ``expand_top`` returns, up to float rounding of the other shapes."""
+        plans = [call.drafter._plan(call.tree, call.nodes) for call in calls]
+        jobs = [(call.drafter, query) for call, (_, query) in zip(calls, plans) if query is not None]
+        for group in _by_model(jobs):
+            logits = forward_rows([drafter.lm for drafter, _ in group], [query.inputs() for _, query in group])
+            for (drafter, query), rows in zip(group, logits):
+                drafter._take(query, rows)
+        answers = []
+        for call, (wanted, _) in zip(calls, plans):
+            logp = torch.stack([call.drafter.logp_of[node] for node in wanted])
+            answers.append(logp if call.k is None else topk_per_row(logp, call.k))
+        return answers
+
+    def _plan(self, tree: DraftTree, nodes: torch.Tensor) -> tuple[list[int], "_Query | None"]:
+        """The nodes asked for (host values) and the forward they still need (None: none)."""
         # One read of the tree per draft forward (on a GPU each read waits for the device);
         # the bookkeeping below then walks plain lists. The last step's accepted nodes, if
         # commit left them on the device, come back in the same read.
@@ -100,11 +133,10 @@ class ModelDrafter(Drafter):
         shape = _HostTree(host[:n], host[n : 2 * n], host[2 * n : 3 * n])
         wanted = host[3 * n : 3 * n + m]
         todo = [i for i in shape.closure(wanted) if i not in self.slot_of]
-        if todo:
-            self._forward(tree, todo, shape)
-        return torch.stack([self.logp_of[node] for node in wanted])
+        return wanted, (self._query(tree, todo, shape) if todo else None)
 
-    def _forward(self, tree: DraftTree, todo: list[int], shape: "_HostTree") -> None:
+    def _query(self, tree: DraftTree, todo: list[int], shape: "_HostTree") -> "_Query":
+        """The forward of ``todo``'s nodes, after the pending catch-up tokens on the first one."""
         dev = self.lm.device
         pending = self.committed[self.cached : len(self.committed) - 1] if self.tree_start is None else []
         if self.tree_start is None:
@@ -123,11 +155,14 @@ class ModelDrafter(Drafter):
         if slots:
             mask[p:, : len(slots)] = anc[todo_t][:, torch.tensor(slots).to(dev)]
         mask[p:, len(slots) + p :] = anc[todo_t][:, todo_t]
-        logits = self.lm.forward(tokens, torch.tensor(positions).to(dev), mask,
-                                 max_position=max(positions)).logits[0, p:]
-        self.cached += p
+        return _Query(tokens, torch.tensor(positions).to(dev), mask, max(positions), p, todo)
+
+    def _take(self, query: "_Query", logits: torch.Tensor) -> None:
+        """Record the forward's ``[p + q, V]`` logits: the new nodes' log-probs and slots."""
+        logits = logits[query.pending :]
+        self.cached += query.pending
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        for j, node in enumerate(todo):
+        for j, node in enumerate(query.todo):
             self.slot_of[node] = len(self.slot_of)
             self.logp_of[node] = logp[j]
 
@@ -167,6 +202,30 @@ class ModelDrafter(Drafter):
         self.lm.keep(start, torch.tensor(keep, dtype=torch.long),
                      contiguous=keep == list(range(len(keep))))  # known here: no device read
         self.cached = start + len(keep)
+
+
+@dataclass
+class _Query:
+    """One draft forward of a row: catch-up tokens then tree nodes (``pending`` of them first)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    top: int
+    pending: int
+    todo: list[int]
+
+    def inputs(self) -> RowInputs:
+        """As :func:`specframe.batch_draft.forward_rows` takes it."""
+        return RowInputs(self.tokens, self.positions, self.mask, self.top)
+
+
+def _by_model(jobs: list[tuple[ModelDrafter, _Query]]) -> list[list[tuple[ModelDrafter, _Query]]]:
+    """The jobs grouped by draft model instance (only rows sharing weights share a forward)."""
+    groups: dict[int, list[tuple[ModelDrafter, _Query]]] = {}
+    for job in jobs:
+        groups.setdefault(id(job[0].lm.model), []).append(job)
+    return list(groups.values())
 
 
 class _HostTree:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .batch_allocate import BatchAllocator, make_allocator
+from .batch_draft import build_trees
 from .batch_kv import BatchKV
 from .contract import EngineError, checked_decision, reject_tree, tree_flag
 from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
@@ -69,9 +70,10 @@ def _options_dict(options: Any) -> dict[str, Any]:
 
 
 def rebuild_drafter(decoder: SpecDecoder) -> Drafter:
-    """A fresh drafter like the decoder's, from its registered name and options (own state)."""
+    """A fresh drafter like the decoder's, from its registered name and its
+    :meth:`~specframe.Drafter.shared_options` (own state, shared weights)."""
     drafter = decoder.drafter
-    return make_plugin("drafters", (drafter.name, _options_dict(drafter.options)), decoder.target)
+    return make_plugin("drafters", (drafter.name, _options_dict(drafter.shared_options())), decoder.target)
 
 
 def rebuild_policy(decoder: SpecDecoder) -> TreePolicy:
@@ -269,14 +271,15 @@ class BatchDecoder:
         limits = self.allocator.budgets(caps, [r.out.steps for r in rows], total)
         if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
             raise EngineError(f"allocator {self.allocator.name!r} returned budgets {limits} outside [1, {caps}]")
-        sessions, trees, policy_times = [], [], []
-        for row, limit in zip(rows, limits):
-            t0 = time.perf_counter()
-            session = DraftSession(row.drafter, row.committed[-1], dec.target.device, row.generator,
-                                   context_len=len(row.committed))
-            sessions.append(session)
-            trees.append(row.policy.build(session, limit))
-            policy_times.append(time.perf_counter() - t0 - session.draft_time)
+        # Rows whose drafters batch build in lockstep, one draft forward per layer for them all
+        # (specframe.batch_draft); the others, and a lone row, one after another.
+        def new_session(b: int, cls: type[DraftSession]) -> DraftSession:
+            row = rows[b]
+            return cls(row.drafter, row.committed[-1], dec.target.device, row.generator,
+                       context_len=len(row.committed))
+
+        trees, sessions, policy_times = build_trees([r.policy for r in rows], [r.drafter for r in rows],
+                                                    new_session, limits)
         trees = self.allocator.trim(trees, total)
         if sum(len(t) for t in trees) > total:
             raise EngineError(f"allocator {self.allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "

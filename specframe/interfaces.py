@@ -70,6 +70,13 @@ class Drafter(ABC):
     #: tokens on a CPU) and ``begin`` gets ``target_logits=None``; ``commit`` is unchanged.
     #: May be set on the instance (from an option).
     needs_prompt_logits: ClassVar[bool] = True
+    #: Optional: a classmethod ``expand_batch(calls)`` that answers several rows' draft calls of
+    #: one layer at once in a batch (docs/batching.md, "Batched drafting"). ``calls`` is a list of
+    #: :class:`specframe.batch_draft.DraftCall` (``drafter``, ``tree``, ``nodes``, ``k``), one per
+    #: row, each drafter an instance of this class; it returns one answer per call, equal (up to
+    #: float rounding) to ``drafter.expand(tree, nodes)`` when ``k`` is None, else to
+    #: ``drafter.expand_top(tree, nodes, k)``. None (default): each row's drafter is called alone.
+    expand_batch: ClassVar[Any] = None
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options
@@ -79,6 +86,13 @@ class Drafter(ABC):
     def vocab_size(self) -> int:
         """Size of the distributions ``expand`` returns (must equal the target's)."""
         return self.target.vocab_size
+
+    def shared_options(self) -> Any:
+        """Options that build another drafter like this one, for another sequence of a batch,
+        sharing what is heavy and read-only: a draft model's or head's weights, loaded once,
+        so that the rows' drafters can answer one batched call (:attr:`expand_batch`). The
+        default, this drafter's own options, rebuilds everything from them."""
+        return self.options
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Start a new generation from ``prompt_ids`` (``[L]`` long tensor); drop old state.
