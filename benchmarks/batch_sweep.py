@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fast small-batch CPU linears for every arm, batched autoregressive included, as "
                         "[target] packed_linears = true (default: on for smollm2; without them a few-row "
                         "forward costs nearly what that many one-row forwards cost on this CPU)")
+    p.add_argument("--layout", choices=("auto", "flat", "padded"), default="auto",
+                   help="batch cache of every speculative arm and ar-refill: flat (the trees' real nodes in one row), "
+                        "padded ([B, n_max]) or auto (flat on a CPU)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every arm with continuous batching (and ar-refill) at each B > 1")
     p.add_argument("--window", type=int, default=None,
@@ -120,8 +123,9 @@ def batchers(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     from specframe.batch import BatchDecoder
 
     fixed = decoder(args, target, 2 * args.budget)
-    arms = {a: BatchDecoder(fixed, (a, {"budget": args.budget * max(args.sizes)})) for a in ALLOCATORS}
-    arms["auto"] = BatchDecoder(decoder(args, target, "auto"), ("equal", {"budget": None}))
+    arms = {a: BatchDecoder(fixed, (a, {"budget": args.budget * max(args.sizes)}), layout=args.layout)
+            for a in ALLOCATORS}
+    arms["auto"] = BatchDecoder(decoder(args, target, "auto"), ("equal", {"budget": None}), layout=args.layout)
     for batcher in arms.values():
         batcher.prepare(max(args.sizes))
         batcher.generate(args.prompts[:2], max_new_tokens=4, eos_token_id=sorted(args.eos) or None)
@@ -133,11 +137,12 @@ def refills(args: argparse.Namespace, size: int) -> bool:
     return args.refill and size > 1
 
 
-def autoregressive_refill(target: Any, prompts: list[list[int]], max_new: int, eos: set[int], size: int) -> list[list[int]]:
+def autoregressive_refill(target: Any, prompts: list[list[int]], max_new: int, eos: set[int], size: int,
+                          layout: str) -> list[list[int]]:
     """Batched greedy decoding with at most ``size`` rows live, refilled as rows finish."""
     from specframe.batch_baseline import autoregressive_refill as refill
 
-    return refill(target, prompts, max_new, eos, size)
+    return refill(target, prompts, max_new, eos, size, layout)
 
 
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
@@ -170,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     solo = [ar_batch(model, [p], args.max_new_tokens, eos)[0][0] for p in prompts]
     arms = batchers(args, target)
     if args.refill:  # its code paths (join included) once, untimed, as the arms' warm-up
-        autoregressive_refill(target, prompts[:3], 4, eos, 2)
+        autoregressive_refill(target, prompts[:3], 4, eos, 2, args.layout)
     figures: dict = {}
     with Progress() as bar:
         windows = -(-len(prompts) // (args.window or len(prompts)))
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> dict:
                     chunk = list(range(start, min(start + window, len(prompts))))
                     batch = [prompts[i] for i in chunk]
                     t0 = time.perf_counter()
-                    outs = autoregressive_refill(target, batch, args.max_new_tokens, eos, size)
+                    outs = autoregressive_refill(target, batch, args.max_new_tokens, eos, size, args.layout)
                     wall = time.perf_counter() - t0
                     record(rows["ar-refill"], model, chunk, prompts, solo, outs, wall, [], None)
                     for name, batcher in arms.items():
@@ -235,11 +240,12 @@ def record(row: dict, model: Any, chunk: list[int], prompts: list, solo: list, o
 
 
 def work(row: dict, res: Any) -> None:
-    """Add a batched run's steps, verified nodes, forward rows (live rows x the longest tree:
-    what the packed forward computes) and draft seconds (all rows) to an arm's row."""
+    """Add a batched run's steps, verified nodes, forward rows (what the forward computed: the nodes
+    in the flat layout, live rows x the longest tree in the padded one) and draft seconds (all rows)
+    to an arm's row."""
     row["steps"] += len(res.step_times)
     row["nodes"] += sum(s.tree_size for o in res.outputs for s in o.steps)
-    row["padded"] += sum(live * longest for live, longest in res.step_shapes)
+    row["padded"] += sum(res.step_rows)
     row["draft"] += sum(s.draft_time for o in res.outputs for s in o.steps)
 
 
@@ -247,7 +253,7 @@ def table(figures: dict, args: argparse.Namespace) -> str:
     """The sweep as a markdown table."""
     lines = [f"{args.pair} / {args.drafter} / {args.policy}, batch budget {args.budget} x B, "
              f"{args.limit} prompts x {args.max_new_tokens} tokens, {args.dtype}, threads {args.threads or 'default'}"
-             f"{', packed linears' if args.packed_linears else ''}",
+             f"{', packed linears' if args.packed_linears else ''}, layout {args.layout}",
              "", "| B | arm | tokens/s | speedup vs ar | vs ar-refill | mean latency (s) | mean tau | nodes / step | "
                  "forward rows / step | draft ms / step | diverged |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

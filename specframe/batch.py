@@ -19,6 +19,7 @@ import torch
 
 from .batch_allocate import BatchAllocator, make_allocator
 from .batch_draft import build_trees
+from .batch_flat import LAYOUTS, make_batch_kv, resolve_layout
 from .batch_kv import BatchKV
 from .contract import EngineError, checked_decision, reject_tree, tree_flag
 from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
@@ -37,15 +38,15 @@ class BatchOutput:
         wall_time: the whole call.
         joined: per prompt, seconds from the batch's start to the start of its prefill (0 for
             the first rows; later for a prompt that waited for a free row under ``max_live``).
-        step_shapes: per step, ``(live rows, longest tree)``: the packed forward computed
-            their product in rows.
+        step_rows: per step, the rows (tokens) its forward computed: the trees' nodes in the
+            flat layout, live rows x the longest tree in the padded one.
     """
 
     outputs: list[GenerationOutput]
     step_times: list[float] = field(default_factory=list)
     wall_time: float = 0.0
     joined: list[float] = field(default_factory=list)
-    step_shapes: list[tuple[int, int]] = field(default_factory=list)
+    step_rows: list[int] = field(default_factory=list)
 
     @property
     def latencies(self) -> list[float]:
@@ -102,16 +103,22 @@ class BatchDecoder:
     ``allocator``: a registered allocator name, ``(name, {options})`` or instance (``equal``
     without a ``budget`` = every sequence builds as it would alone). ``drafter_factory`` /
     ``policy_factory``: build row 2, 3, ...'s own drafter / policy from the decoder (default:
-    from the registered name and options, so a path-given draft model loads once per row).
+    from the registered name and the drafter's shared options, so a draft model loads once).
+    ``layout``: the batch cache, ``"flat"`` (every tree's real nodes in one row:
+    :class:`specframe.batch_flat.FlatKV`), ``"padded"`` (``[B, n_max]``:
+    :class:`specframe.batch_kv.BatchKV`) or ``"auto"`` (flat on a CPU, padded elsewhere).
     Rows are reused across calls (each generation calls ``begin`` / ``reset``).
     """
 
     def __init__(
         self, decoder: SpecDecoder, allocator: Any = "equal",
         drafter_factory: Callable[[SpecDecoder], Drafter] = rebuild_drafter,
-        policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy,
+        policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy, layout: str = "auto",
     ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"batch layout {layout!r} is not one of {', '.join(LAYOUTS)}")
         self.decoder = decoder
+        self.layout = layout
         self.allocator: BatchAllocator = make_allocator(allocator)
         self._drafter_factory = drafter_factory
         self._policy_factory = policy_factory
@@ -163,7 +170,7 @@ class BatchDecoder:
         width = len(ids) if max_live is None else min(max_live, len(ids))
         curves = self._batch_curves(width)
         start = time.perf_counter()
-        kv = BatchKV(dec.target)
+        kv = make_batch_kv(dec.target, self.layout, reserve=max_new_tokens + 1)
         result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids))
         rows = self._begin(kv, ids[:width], generators, result)
         waiting = list(range(width, len(ids)))
@@ -173,10 +180,9 @@ class BatchDecoder:
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
                 t0 = time.perf_counter()
-                live = len(rows)
                 rows = self._step(kv, rows, max_new_tokens, eos, start)
                 result.step_times.append(time.perf_counter() - t0)
-                result.step_shapes.append((live, kv.last_width))
+                result.step_rows.append(kv.last_rows)
                 if waiting and len(rows) < width:
                     joining, waiting = waiting[: width - len(rows)], waiting[width - len(rows) :]
                     rows += self._join(kv, rows, joining, ids, generators, result, start)
@@ -196,7 +202,8 @@ class BatchDecoder:
         if rows not in self._curves:
             from .batch_profile import BatchCurves
 
-            self._curves[rows] = BatchCurves.for_target(self.decoder.target, rows)
+            target = self.decoder.target
+            self._curves[rows] = BatchCurves.for_target(target, rows, resolve_layout(target, self.layout))
         return self._curves[rows]
 
     @staticmethod
@@ -295,8 +302,10 @@ class BatchDecoder:
         t1 = time.perf_counter()
         tree_start = kv.width
         out = kv.tree_forward(trees, hidden=dec._needs_hidden)
+        logits = kv.rows_of(out.logits)
+        hiddens = list(zip(*(kv.rows_of(h) for h in out.hidden_states))) if dec._needs_hidden else None
         t2 = time.perf_counter()
-        reads = self._verify_and_read(rows, trees, limits, flags, out.logits)
+        reads = self._verify_and_read(rows, trees, limits, flags, logits)
         t3 = time.perf_counter()
         paths: list[torch.Tensor | None] = []
         counts: list[int] = []
@@ -305,9 +314,9 @@ class BatchDecoder:
             finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
                 or any(t in eos for t in emitted)
             paths.append(None if finished else read.path)
-            hidden = tuple(h[b : b + 1, : len(tree)] for h in out.hidden_states) if dec._needs_hidden else None
+            hidden = tuple(h[None] for h in hiddens[b]) if hiddens is not None else None
             row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
-                               **logits_keyword(row.drafter, out.logits[b, : len(tree)]))
+                               **logits_keyword(row.drafter, logits[b]))
             counts.append(len(emitted))
             row.committed += emitted
             row.out.tokens += emitted
@@ -351,7 +360,7 @@ class BatchDecoder:
         for b, (row, tree, limit, ok) in enumerate(zip(rows, trees, limits, flags)):
             try:
                 last, bonus = checked_decision(dec.verifier.name, tree,
-                                               dec.verifier.verify(tree, logits[b, : len(tree)], row.generator),
+                                               dec.verifier.verify(tree, logits[b], row.generator),
                                                dec.target.vocab_size, dec.strict)
             except Exception:
                 reject_tree(row.policy.name, tree, row.committed[-1], limit)

@@ -32,28 +32,29 @@ def autoregressive_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_t
 
 @torch.inference_mode()
 def autoregressive_refill(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                          eos: set[int], max_live: int) -> list[list[int]]:
+                          eos: set[int], max_live: int, layout: str = "auto") -> list[list[int]]:
     """Batched greedy decoding with continuous batching: at most ``max_live`` sequences at
     once, each step one forward of every live row's last token over the ragged batch cache
     (:class:`specframe.batch_kv.BatchKV`, as the speculative arms use it) and one host read of
     the argmaxes; a row that finishes is replaced by the next prompt. The autoregressive
     counterpart of ``BatchDecoder.generate(max_live=...)``, so a comparison with it isolates
-    what speculation adds to the refilling that both do. ``target``: a ``TargetModel``.
+    what speculation adds to the refilling that both do. ``target``: a ``TargetModel``;
+    ``layout``: the batch cache's (``BatchDecoder``'s ``layout``; one-node trees pad nothing).
     """
-    from .batch_kv import BatchKV
+    from .batch_flat import make_batch_kv
     from .tree import DraftTree
 
     ids = [list(map(int, p)) for p in prompts]
     out: list[list[int]] = [[] for _ in ids]
     width = min(max_live, len(ids))
-    kv = BatchKV(target)
+    kv = make_batch_kv(target, layout, reserve=max_new_tokens + 1)
     kv.prefill([torch.tensor(p[:-1], dtype=torch.long) for p in ids[:width]])
     live, waiting = list(range(width)), list(range(width, len(ids)))
     last = [ids[i][-1] for i in live]
     while live:
         start = kv.width
         logits = kv.tree_forward([DraftTree.root(t, device=target.device) for t in last]).logits
-        nexts = logits[:, 0].argmax(-1).tolist()  # the step's one host read
+        nexts = torch.cat(kv.rows_of(logits)).argmax(-1).tolist()  # the step's one host read
         paths, still, kept = [], [], []
         for i, tok in zip(live, nexts):
             out[i].append(tok)

@@ -49,7 +49,9 @@ class BatchKV:
         self.target = target
         self.cache: Any = None
         self.lengths: list[int] = []
-        self.last_width = 0  # the last tree forward's n_max
+        self.last_width = 0  # the last tree forward's longest tree
+        self.last_rows = 0  # the rows (tokens) the last tree forward computed
+        self._sizes: list[int] = []
 
     @property
     def width(self) -> int:
@@ -193,6 +195,7 @@ class BatchKV:
         """
         rows, width = len(trees), self.width
         n_max = self.last_width = max(len(tree) for tree in trees)
+        self._sizes, self.last_rows = [len(tree) for tree in trees], rows * n_max
         device = self.target.device
         tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
         positions = torch.zeros(rows, n_max, dtype=torch.long, device=device)
@@ -207,6 +210,10 @@ class BatchKV:
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
         return self._forward(tokens, positions, visible, hidden)
+
+    def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Row b's ``[n_b, ...]`` slice of an output of the last :meth:`tree_forward`."""
+        return [tensor[b, :n] for b, n in enumerate(self._sizes)]
 
     @torch.inference_mode()
     def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int) -> None:

@@ -32,10 +32,10 @@ def measured_batches(rows: int) -> list[int]:
     return out + [rows]
 
 
-def batch_curve_key(target: Any, batch: int) -> str:
-    """Cache key of the curve at batch ``batch`` (the one-row key for 1)."""
+def batch_curve_key(target: Any, batch: int, layout: str = "padded") -> str:
+    """Cache key of the curve at batch ``batch`` in ``layout`` (the one-row key for 1)."""
     key = curve_key(target.model, target.device, target.dtype)
-    return key if batch == 1 else f"{key}_b{batch}"
+    return key if batch == 1 else f"{key}_b{batch}" + ("_flat" if layout == "flat" else "")
 
 
 def _time_batch(target: Any, kv: Any, trees: list, width: int) -> float:
@@ -50,11 +50,13 @@ def _time_batch(target: Any, kv: Any, trees: list, width: int) -> float:
 
 
 def measure_batch(target: Any, batch: int, sizes: tuple[int, ...] = QUICK_SIZES,
-                  cache_lens: tuple[int, ...] = QUICK_CACHE_LENS, reps: int = QUICK_REPS) -> CostCurve:
+                  cache_lens: tuple[int, ...] = QUICK_CACHE_LENS, reps: int = QUICK_REPS,
+                  layout: str = "padded") -> CostCurve:
     """T_B(n) of ``target`` at ``batch`` rows: median of ``reps`` packed forwards of ``batch``
     balanced ``n``-node trees (after a warm-up round), every row on a prefix of each cache
-    length. Rounds visit every point in turn, as :func:`~specframe.profile.measure` does."""
-    from .batch_kv import BatchKV
+    length, in the batch cache ``layout`` (``"padded"`` or ``"flat"``). Rounds visit every
+    point in turn, as :func:`~specframe.profile.measure` does."""
+    from .batch_flat import make_batch_kv
 
     vocab = target.vocab_size
     usable = [c for c in cache_lens if c + max(sizes) < target.max_positions] or [1]
@@ -62,7 +64,7 @@ def measure_batch(target: Any, batch: int, sizes: tuple[int, ...] = QUICK_SIZES,
     runs: list[list[list[float]]] = [[[] for _ in sizes] for _ in usable]
     for rep in range(reps + 1):
         for i, cache_len in enumerate(usable):
-            kv = BatchKV(target)
+            kv = make_batch_kv(target, layout, reserve=max(sizes) + 1)
             prefix = torch.arange(cache_len - 1, device=target.device) % vocab
             kv.prefill([prefix] * batch)
             width = kv.width
@@ -73,17 +75,18 @@ def measure_batch(target: Any, batch: int, sizes: tuple[int, ...] = QUICK_SIZES,
                     runs[i][j].append(spent)
     seconds = [[statistics.median(r) for r in row] for row in runs]
     # No staircase: packed linears pad the B x n rows of the whole forward, not n.
-    return CostCurve(batch_curve_key(target, batch), list(sizes), usable, seconds)
+    return CostCurve(batch_curve_key(target, batch, layout), list(sizes), usable, seconds)
 
 
-def batch_curve_for(target: Any, batch: int, measure_if_missing: bool = True) -> CostCurve | None:
-    """The cached curve of ``target`` at ``batch`` rows, else (by default) one measured now and
-    cached; batch 1 is :func:`~specframe.profile.curve_for`'s one-row curve."""
+def batch_curve_for(target: Any, batch: int, measure_if_missing: bool = True,
+                    layout: str = "padded") -> CostCurve | None:
+    """The cached curve of ``target`` at ``batch`` rows in ``layout``, else (by default) one
+    measured now and cached; batch 1 is :func:`~specframe.profile.curve_for`'s one-row curve."""
     if batch == 1:
         return curve_for(target, measure_if_missing)
-    curve = load_cached(batch_curve_key(target, batch))
+    curve = load_cached(batch_curve_key(target, batch, layout))
     if curve is None and measure_if_missing:
-        curve = keep_measured(measure_batch(target, batch))
+        curve = keep_measured(measure_batch(target, batch, layout=layout))
     return curve
 
 
@@ -98,9 +101,9 @@ class BatchCurves:
     curves: dict[int, CostCurve] = field(default_factory=dict)
 
     @classmethod
-    def for_target(cls, target: Any, rows: int) -> "BatchCurves":
-        """Curves at :func:`measured_batches` ``(rows)``, cached or measured now."""
-        return cls({b: batch_curve_for(target, b) for b in measured_batches(rows)})
+    def for_target(cls, target: Any, rows: int, layout: str = "padded") -> "BatchCurves":
+        """Curves at :func:`measured_batches` ``(rows)`` in ``layout``, cached or measured now."""
+        return cls({b: batch_curve_for(target, b, layout=layout) for b in measured_batches(rows)})
 
     def row_curve(self, live: int) -> CostCurve:
         """What one of ``live`` rows pays: ``T_live(n) / live``. A size not measured is
@@ -135,12 +138,15 @@ class BatchCurves:
 
 # ---------------------------------------------------------------------- specframe profile --batch
 def profile_batches(target: Any, batches: tuple[int, ...], sizes: tuple[int, ...], cache_lens: tuple[int, ...],
-                    reps: int, plot_path: Path | None = None) -> tuple[dict[int, CostCurve], dict[int, Path], Path]:
-    """Measure and cache ``target``'s curve at every batch size (1: the one-row curve), and plot
-    each row's share; returns the curves, their cache files and the plot."""
+                    reps: int, plot_path: Path | None = None,
+                    layout: str = "padded") -> tuple[dict[int, CostCurve], dict[int, Path], Path]:
+    """Measure and cache ``target``'s curve at every batch size (1: the one-row curve) in the
+    batch cache ``layout``, and plot each row's share; returns the curves, their cache files
+    and the plot."""
     curves, paths = {}, {}
     for b in batches:
-        curve = measure(target, sizes, cache_lens, reps) if b == 1 else measure_batch(target, b, sizes, cache_lens, reps)
+        curve = measure(target, sizes, cache_lens, reps) if b == 1 else \
+            measure_batch(target, b, sizes, cache_lens, reps, layout)
         curves[b], paths[b] = curve, save(curve)
     png = plot_row_shares(curves, plot_path or paths[batches[0]].with_suffix(".batch.png"))
     return curves, paths, png

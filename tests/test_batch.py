@@ -198,21 +198,25 @@ def test_budget_below_the_live_rows_is_refused():
                                  allocator=("equal", {"budget": 1}))
 
 
+@pytest.mark.parametrize("layout", ["flat", "padded"])
 @pytest.mark.parametrize("drafter,rows", [("ngram", 1), ("recycle", 5), (("recycle", {"prompt_rows": False}), 1)])
-def test_the_batched_prefill_computes_prompt_logits_only_for_a_drafter_that_reads_them(monkeypatch, drafter, rows):
+def test_the_batched_prefill_computes_prompt_logits_only_for_a_drafter_that_reads_them(monkeypatch, drafter, rows,
+                                                                                      layout):
     """Each root enters with its first tree, so nobody reads the prefill's logits but a
     drafter that learns from the prompt: the others' prefill runs its lm_head on one column."""
+    from specframe.batch_flat import FlatKV
     from specframe.batch_kv import BatchKV
 
     seen: list[int] = []
-    prefill = BatchKV.prefill
-    monkeypatch.setattr(BatchKV, "prefill", lambda self, *a, **kw: seen.append(
+    cls = FlatKV if layout == "flat" else BatchKV
+    prefill = cls.prefill
+    monkeypatch.setattr(cls, "prefill", lambda self, *a, **kw: seen.append(
         (out := prefill(self, *a, **kw)).logits.shape[1]) or out)
     target = TargetModel(tiny_target())
     dec = SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", ("talon", {"budget": 4})),
                       make_plugin("verifiers", "greedy"))
     prompts = [[4, 9, 12, 30, 2, 17], [5, 6, 7]]
-    out = generate_batch(dec, prompts, max_new_tokens=6, eos_token_id=None)
+    out = BatchDecoder(dec, layout=layout).generate(prompts, max_new_tokens=6, eos_token_id=None)
     assert seen == [rows]
     for prompt, result in zip(prompts, out.outputs):
         assert result.tokens == greedy_reference(tiny_target(), prompt, 6, None)
@@ -422,3 +426,60 @@ def test_batched_autoregressive_with_refill_is_plain_greedy_per_row(max_live):
     for stop in (set(), {eos}):
         rows = autoregressive_refill(TargetModel(model), prompts, MAX_NEW, stop, max_live)
         assert rows == [greedy_reference(model, p, MAX_NEW, eos if stop else None) for p in prompts]
+
+
+# ---------------------------------------------------------------- batch cache layouts
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+@settings(max_examples=EXAMPLES)
+@given(prompts=prompt_lists, max_live=st.one_of(st.none(), st.integers(1, 4)), eos_pick=st.integers(0, MAX_NEW - 1))
+def test_both_layouts_equal_greedy_alone(layout, prompts, max_live, eos_pick):
+    """The flat layout (trees concatenated, caches side by side) and the padded one
+    (``[B, n_max]``) both give each sequence its greedy decoding and generate()'s records."""
+    model = tiny_target()
+    eos = greedy_reference(model, prompts[0], MAX_NEW, None)[eos_pick % MAX_NEW]
+    batch = BatchDecoder(decoder("model", "talon"), layout=layout).generate(
+        prompts, max_new_tokens=MAX_NEW, eos_token_id=eos, max_live=max_live)
+    for prompt, out in zip(prompts, batch.outputs):
+        assert out.tokens == greedy_reference(model, prompt, MAX_NEW, eos), f"{layout}: {prompt}"
+        assert step_record(out) == step_record(solo("model", "talon", prompt, eos)), f"{layout}: {prompt}"
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_the_flat_layout_computes_only_real_nodes(layout):
+    """Rows of each step's forward: the trees' nodes (flat) or live rows x the longest tree (padded)."""
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6], [7, 8, 9, 10, 7, 8, 9]]
+    batcher = BatchDecoder(decoder("model", "talon"), ("shared", {"budget": 9}), layout=layout)  # uneven trees
+    batch = batcher.generate(prompts, max_new_tokens=MAX_NEW, eos_token_id=None)
+    for k, rows in enumerate(batch.step_rows):
+        sizes = [o.steps[k].tree_size for o in batch.outputs if len(o.steps) > k]
+        assert rows == (sum(sizes) if layout == "flat" else len(sizes) * max(sizes)), (k, sizes)
+    assert any(len(set(o.steps[k].tree_size for o in batch.outputs if len(o.steps) > k)) > 1
+               for k in range(len(batch.step_rows)))  # the case that tells the two apart
+
+
+def test_a_sequence_that_outgrows_its_flat_segment_widens_every_segment():
+    """Segments reserve max_new_tokens + 1 columns past the longest prompt; a smaller reserve
+    makes a sequence outgrow its segment mid-batch, and every segment is re-laid wider."""
+    from specframe.batch_flat import FlatKV
+    from specframe.tree import DraftTree
+
+    model = tiny_target()
+    prompts = [[5, 9, 2], [11, 3, 3, 8, 1, 40], [7]]
+    kv = FlatKV(TargetModel(model), reserve=1)
+    kv.prefill([torch.tensor(p[:-1]) for p in prompts])
+    seqs, roots = [list(p) for p in prompts], [p[-1] for p in prompts]
+    for _ in range(6):
+        start = kv.width
+        rows = kv.rows_of(kv.tree_forward([DraftTree.root(r) for r in roots]).logits)
+        roots = [int(r[0].argmax()) for r in rows]
+        for seq, tok in zip(seqs, roots):
+            seq.append(tok)
+        kv.keep([torch.zeros(1, dtype=torch.long)] * len(prompts), start)
+    assert kv.capacity > max(len(p) for p in prompts)  # it did widen
+    for prompt, seq in zip(prompts, seqs):
+        assert seq[len(prompt):] == greedy_reference(model, prompt, 6, None)
+
+
+def test_an_unknown_layout_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="batch layout 'ragged' is not one of auto, flat, padded"):
+        BatchDecoder(decoder("ngram"), layout="ragged")

@@ -63,9 +63,12 @@ def test_an_unmeasured_batch_size_is_interpolated_between_its_neighbours():
         assert row.time(n, 8) == pytest.approx(between / 3)
 
 
-def test_packed_forward_timing_leaves_the_prefix_as_it_was():
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_packed_forward_timing_leaves_the_prefix_as_it_was(layout):
+    from specframe.batch_flat import make_batch_kv
+
     target = TargetModel(tiny_target())
-    kv = BatchKV(target)
+    kv = make_batch_kv(target, layout)
     kv.prefill([torch.arange(5)] * 3)
     width, lengths = kv.width, list(kv.lengths)
     spent = batch_profile._time_batch(target, kv, [profile.balanced_tree(4, target.vocab_size)] * 3, width)
@@ -75,9 +78,12 @@ def test_packed_forward_timing_leaves_the_prefix_as_it_was():
 def test_a_batch_curve_is_measured_once_and_cached_under_its_own_key(cache, monkeypatch):
     target = TargetModel(tiny_target())
     real = batch_profile.measure_batch
-    monkeypatch.setattr(batch_profile, "measure_batch", lambda t, b: real(t, b, SIZES, LENS, 1))
+    monkeypatch.setattr(batch_profile, "measure_batch",
+                        lambda t, b, layout="padded": real(t, b, SIZES, LENS, 1, layout=layout))
     curve = batch_curve_for(target, 2)
     assert curve.key.endswith("_b2") and curve.sizes == list(SIZES) and curve.cache_lens == list(LENS)
+    flat = batch_curve_for(target, 2, layout="flat")  # the flat layout's own curve, under its own key
+    assert flat.key == f"{curve.key}_flat" and (cache / f"{flat.key}.json").exists()
     assert all(t > 0 for row in curve.seconds for t in row)
     assert json.loads((cache / f"{curve.key}.json").read_text())["sizes"] == list(SIZES)
     monkeypatch.setattr(batch_profile, "measure_batch", lambda *a: pytest.fail("measured again"))
@@ -136,7 +142,7 @@ def test_a_batch_priced_policy_gets_its_row_curve_then_the_one_row_curve_back():
 
 
 def test_a_policy_that_does_not_ask_is_never_priced_and_observes_the_whole_step(monkeypatch):
-    monkeypatch.setattr(BatchCurves, "for_target", classmethod(lambda cls, t, r: pytest.fail("measured")))
+    monkeypatch.setattr(BatchCurves, "for_target", classmethod(lambda cls, *a: pytest.fail("measured")))
     target = TargetModel(tiny_target())
     decoder = SpecDecoder(target, default_drafter("ngram", target), make_plugin("policies", ("talon", {"budget": 4})),
                           make_plugin("verifiers", "greedy"))
@@ -173,5 +179,9 @@ def test_profile_command_measures_each_batch_size(cache, tmp_path):
     assert result.exit_code == 0, result.output
     assert "batch 2:" in result.output and "B=2 ms/row" in result.output
     keys = sorted(p.stem for p in cache.glob("*.json"))
-    assert len(keys) == 2 and keys[1] == keys[0] + "_b2"
+    assert len(keys) == 2 and keys[1] == keys[0] + "_b2_flat"  # a CPU batches in the flat layout
     assert png.stat().st_size > 0
+    padded = CliRunner().invoke(cli, ["profile", "demo-target", "--sizes", "1,2", "--cache-lens", "16", "--reps", "1",
+                                      "--threads", "1", "--batch", "2", "--layout", "padded", "--plot", str(png)])
+    assert padded.exit_code == 0, padded.output
+    assert keys[0] + "_b2" in {p.stem for p in cache.glob("*.json")}
