@@ -5,8 +5,8 @@ name or ``[name, {options}]``. At every node each part proposes its row, and the
 
     score(t) = max over parts p of ( log p_part(t) + log w_p ),    w_p = c_p / sum_q c_q
 
-``score = "max"``: every ``c_p`` is 1, so ``log w_p = -log(number of parts)``: a candidate is as
-likely as its most confident part says. ``score = "calibrated"`` (the default): ``c_p`` is part
+``score = "max"`` (the default): every ``c_p`` is 1, so ``log w_p = -log(number of parts)``: a
+candidate is as likely as its most confident part says. ``score = "calibrated"``: ``c_p`` is part
 p's calibration factor on this sequence, learned in ``commit`` from the verifier's verdicts
 (:class:`PartCalibration`): the least-squares slope of "accepted" (0/1) on the probability p
 claimed for the tested nodes it proposed, ``c_p = (sum p*accepted + prior) / (sum p^2 +
@@ -83,7 +83,7 @@ class HybridDrafterOptions:
     """
 
     drafters: list = field(default_factory=lambda: ["ngram", "recycle"])
-    score: str = "calibrated"
+    score: str = "max"
     calibration_prior: float = 1.0
     calibration_decay: float = 0.95
 

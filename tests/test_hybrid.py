@@ -321,7 +321,8 @@ def test_calibrated_declares_that_it_learns_from_every_verified_node():
     asks for no logits at all."""
     target = specframe.TargetModel(tiny_target())
     pair = ["ngram", ["ngram", {"max_ngram": 1}]]
-    calibrated = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": pair}), target)
+    calibrated = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "calibrated"}),
+                                              target)
     plain = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "max"}), target)
     single = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram"]}), target)
     assert calibrated.learns_from_verdicts and not calibrated.needs_target_logits
