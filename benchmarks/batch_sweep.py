@@ -68,9 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fast small-batch CPU linears for every arm, batched autoregressive included, as "
                         "[target] packed_linears = true (default: on for smollm2; without them a few-row "
                         "forward costs nearly what that many one-row forwards cost on this CPU)")
-    p.add_argument("--layout", choices=("auto", "flat", "padded"), default="auto",
-                   help="batch cache of every speculative arm and ar-refill: flat (the trees' real nodes in one row), "
-                        "padded ([B, n_max]) or auto (flat on a CPU)")
+    p.add_argument("--layout", choices=("padded", "flat"), default="padded",
+                   help="batch cache of every speculative arm and ar-refill: padded ([B, n_max]) or flat (the "
+                        "trees' real nodes in one row)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every arm with continuous batching (and ar-refill) at each B > 1")
     p.add_argument("--window", type=int, default=None,

@@ -19,7 +19,7 @@ import torch
 
 from .batch_allocate import BatchAllocator, make_allocator
 from .batch_draft import build_trees
-from .batch_flat import LAYOUTS, make_batch_kv, resolve_layout
+from .batch_flat import check_layout, make_batch_kv
 from .batch_kv import BatchKV
 from .contract import EngineError, checked_decision, reject_tree, tree_flag
 from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
@@ -104,21 +104,19 @@ class BatchDecoder:
     without a ``budget`` = every sequence builds as it would alone). ``drafter_factory`` /
     ``policy_factory``: build row 2, 3, ...'s own drafter / policy from the decoder (default:
     from the registered name and the drafter's shared options, so a draft model loads once).
-    ``layout``: the batch cache, ``"flat"`` (every tree's real nodes in one row:
-    :class:`specframe.batch_flat.FlatKV`), ``"padded"`` (``[B, n_max]``:
-    :class:`specframe.batch_kv.BatchKV`) or ``"auto"`` (flat on a CPU, padded elsewhere).
+    ``layout``: the batch cache, ``"padded"`` (``[B, n_max]``: :class:`specframe.batch_kv.BatchKV`)
+    or ``"flat"`` (every tree's real nodes in one row: :class:`specframe.batch_flat.FlatKV`;
+    docs/batching.md says when it pays).
     Rows are reused across calls (each generation calls ``begin`` / ``reset``).
     """
 
     def __init__(
         self, decoder: SpecDecoder, allocator: Any = "equal",
         drafter_factory: Callable[[SpecDecoder], Drafter] = rebuild_drafter,
-        policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy, layout: str = "auto",
+        policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy, layout: str = "padded",
     ) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"batch layout {layout!r} is not one of {', '.join(LAYOUTS)}")
         self.decoder = decoder
-        self.layout = layout
+        self.layout = check_layout(layout)
         self.allocator: BatchAllocator = make_allocator(allocator)
         self._drafter_factory = drafter_factory
         self._policy_factory = policy_factory
@@ -203,7 +201,7 @@ class BatchDecoder:
             from .batch_profile import BatchCurves
 
             target = self.decoder.target
-            self._curves[rows] = BatchCurves.for_target(target, rows, resolve_layout(target, self.layout))
+            self._curves[rows] = BatchCurves.for_target(target, rows, self.layout)
         return self._curves[rows]
 
     @staticmethod

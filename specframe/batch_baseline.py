@@ -32,7 +32,7 @@ def autoregressive_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_t
 
 @torch.inference_mode()
 def autoregressive_refill(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                          eos: set[int], max_live: int, layout: str = "auto") -> list[list[int]]:
+                          eos: set[int], max_live: int, layout: str = "padded") -> list[list[int]]:
     """Batched greedy decoding with continuous batching: at most ``max_live`` sequences at
     once, each step one forward of every live row's last token over the ragged batch cache
     (:class:`specframe.batch_kv.BatchKV`, as the speculative arms use it) and one host read of

@@ -25,6 +25,23 @@ from .target import TargetModel
 from .tree import DraftTree
 
 
+def flat_visibility(lengths: Sequence[int], starts: Sequence[int], width: int,
+                    trees: Sequence[DraftTree]) -> torch.Tensor:
+    """Bool ``[sum n_b, width + sum n_b]``: what each node of the concatenated trees may attend
+    to. Node i of row b sees its segment's prefix (columns ``[starts[b], starts[b] +
+    lengths[b])`` of the ``width`` cache columns; the rest of the cache is other rows' or stale)
+    and its ancestors and itself among its own tree's columns."""
+    sizes = [len(tree) for tree in trees]
+    total = sum(sizes)
+    visible = torch.zeros(total, width + total, dtype=torch.bool, device=trees[0].device)
+    at = 0
+    for tree, length, start, n in zip(trees, lengths, starts, sizes):
+        visible[at : at + n, start : start + length] = True
+        visible[at : at + n, width + at : width + at + n] = tree.ancestor_mask()
+        at += n
+    return visible
+
+
 class FlatKV(BatchKV):
     """A batch cache in one row of segments, with the interface of :class:`BatchKV`.
 
@@ -118,23 +135,17 @@ class FlatKV(BatchKV):
         splits any output per row."""
         width, device = self.width, self.target.device
         sizes = [len(tree) for tree in trees]
-        total = sum(sizes)
-        visible = torch.zeros(total, width + total, dtype=torch.bool, device=device)
-        tokens, positions, spans, at = [], [], [], 0
-        for tree, length, segment, n in zip(trees, self.lengths, self.segments, sizes):
-            start = segment * self.capacity
-            visible[at : at + n, start : start + length] = True
-            visible[at : at + n, width + at : width + at + n] = tree.ancestor_mask().to(device)
-            tokens.append(tree.tokens.to(device))
-            # The prefix holds length = L - 1 entries; the root sits at position L - 1.
-            positions.append(tree.positions(length + 1).to(device))
-            spans.append((at, n))
-            at += n
+        visible = flat_visibility(self.lengths, [s * self.capacity for s in self.segments], width, trees)
+        tokens = torch.cat([tree.tokens.to(device) for tree in trees])
+        # The prefix holds length = L - 1 entries; the root sits at position L - 1.
+        positions = torch.cat([tree.positions(length + 1).to(device) for tree, length in zip(trees, self.lengths)])
+        starts = [sum(sizes[:b]) for b in range(len(sizes))]
+        spans = list(zip(starts, sizes))
         top = max(length + n - 1 for length, n in zip(self.lengths, sizes))
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
-        self._spans, self.last_width, self.last_rows = spans, max(sizes), total
-        return self._forward(torch.cat(tokens)[None], torch.cat(positions)[None], visible[None], hidden)
+        self._spans, self.last_width, self.last_rows = spans, max(sizes), sum(sizes)
+        return self._forward(tokens[None], positions[None], visible[None].to(device), hidden)
 
     def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Row b's ``[n_b, ...]`` slice of an output of the last :meth:`tree_forward`."""
@@ -171,21 +182,17 @@ class FlatKV(BatchKV):
         self.lengths = [self.lengths[b] + counts[b] for b in live]
 
 
-def resolve_layout(target: TargetModel, layout: str) -> str:
-    """``"flat"`` or ``"padded"``: ``layout`` itself, or for ``"auto"`` flat on a CPU (whose
-    forward costs what its rows cost) and padded elsewhere."""
+def check_layout(layout: str) -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else a ValueError naming the valid ones."""
     if layout not in LAYOUTS:
         raise ValueError(f"batch layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    if layout == "auto":
-        return "flat" if target.device.type == "cpu" else "padded"
     return layout
 
 
 def make_batch_kv(target: TargetModel, layout: str, reserve: int = 128) -> BatchKV:
-    """The batch cache of ``layout`` (see :func:`resolve_layout`): :class:`FlatKV` or
-    :class:`BatchKV`."""
-    return FlatKV(target, reserve) if resolve_layout(target, layout) == "flat" else BatchKV(target)
+    """The batch cache of ``layout``: :class:`FlatKV` (``"flat"``) or :class:`BatchKV` (``"padded"``)."""
+    return FlatKV(target, reserve) if check_layout(layout) == "flat" else BatchKV(target)
 
 
 #: The batch cache layouts :func:`make_batch_kv` builds.
-LAYOUTS = ("auto", "flat", "padded")
+LAYOUTS = ("padded", "flat")

@@ -330,8 +330,8 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--batch", "batches", default=None,
               help="Batch sizes B, comma-separated (e.g. 1,2,4,8): also measure T_B(n), one packed forward of "
                    "B trees of n nodes, which budget=\"auto\" prices batched decoding with (default: 1 only).")
-@click.option("--layout", type=click.Choice(["auto", "flat", "padded"]), default="auto", show_default=True,
-              help="With --batch: the batch cache layout measured (auto: flat on a CPU, as batched decoding uses).")
+@click.option("--layout", type=click.Choice(["padded", "flat"]), default="padded", show_default=True,
+              help="With --batch: the batch cache layout measured (BatchDecoder's layout).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
                     cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None,
                     batches: str | None, layout: str) -> None:
@@ -351,11 +351,10 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
         click.echo(f"plot: {png}")
         return
     from . import batch_profile
-    from .batch_flat import resolve_layout
 
     target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False)
     curves, paths, png = batch_profile.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
-                                                       resolve_layout(target, layout))
+                                                       layout)
     for b, curve in curves.items():
         click.echo(f"batch {b}: " + profile.format_table(curve))
         click.echo(f"cached: {paths[b]}")
