@@ -15,6 +15,7 @@ from specframe.engine import SpecDecoder, make_plugin
 from specframe.plugins import get_registry
 from specframe.target import TargetModel
 from specframe.testing.fixtures import VOCAB, default_drafter, tiny_target
+from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.host_reads import HostReadCounter, _counted
 from specframe.testing.profiles import profile_examples
 
@@ -34,18 +35,9 @@ def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
                        make_plugin("verifiers", "greedy"))
 
 
-def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
-    """Plain greedy decoding by full recomputation (transformers' generate with ``min_new_tokens``
-    would mask the config's EOS id, which a run without EOS may emit)."""
-    ids, out = list(prompt), []
-    with torch.inference_mode():
-        while len(out) < max_new_tokens:
-            tok = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-            ids.append(tok)
-            out.append(tok)
-            if tok == eos:
-                break
-    return out
+# Plain greedy decoding by full recomputation (transformers' generate with ``min_new_tokens``
+# would mask the config's EOS id, which a run without EOS may emit).
+greedy_reference = greedy_by_recomputation
 
 
 prompt_lists = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=6)

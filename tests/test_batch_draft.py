@@ -19,6 +19,7 @@ from specframe.options import BudgetOptions
 from specframe.plugins import get_registry
 from specframe.target import TargetModel
 from specframe.testing.fixtures import default_drafter, tiny_target
+from specframe.testing.harness import greedy_by_recomputation
 from specframe.tree import DraftTree
 
 MAX_NEW = 10
@@ -43,15 +44,7 @@ def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
 
 def greedy(prompt: list[int], eos: int | None) -> list[int]:
     """Plain greedy decoding of the tiny target by full recomputation."""
-    model, ids, out = tiny_target(), list(prompt), []
-    with torch.inference_mode():
-        while len(out) < MAX_NEW:
-            tok = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-            ids.append(tok)
-            out.append(tok)
-            if tok == eos:
-                break
-    return out
+    return greedy_by_recomputation(tiny_target(), prompt, MAX_NEW, eos)
 
 
 def records(out) -> list[tuple]:

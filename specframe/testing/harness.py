@@ -30,6 +30,21 @@ def greedy_reference(model: Any, prompt: list[int], max_new_tokens: int, eos: in
     return out[0, len(prompt):].tolist()
 
 
+def greedy_by_recomputation(model: Any, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    """Plain greedy decoding by full recomputation, each token the argmax of a forward over
+    everything so far. Unlike :func:`greedy_reference` it never masks the config's EOS id, which
+    a run without EOS (``eos`` None) may emit as an ordinary token."""
+    ids, out = list(prompt), []
+    with torch.inference_mode():
+        while len(out) < max_new_tokens:
+            tok = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(tok)
+            out.append(tok)
+            if tok == eos:
+                break
+    return out
+
+
 def check_output(out: Any, expected: list[int], max_new: int, eos: int | None, label: str) -> None:
     """A generation equals greedy decoding and honours max_new_tokens / EOS exactly."""
     assert out.tokens == expected, f"{label}: speculative output differs from model.generate(do_sample=False)"
