@@ -22,6 +22,10 @@ a finished sequence's row going to the next prompt (``generate(max_live=B)``), b
 (so what refilling alone buys is not credited to speculation); its latency is a sequence's
 time in the batch (prefill to last token), not counting its wait for a row.
 
+``--per-row-drafts`` adds a ``/per-row`` twin of every arm that builds its rows' trees one
+after another, each drafting alone, beside the default lockstep builds in which a model drafter
+or EAGLE head drafts a layer of every row in one forward (docs/batching.md, "Batched drafting").
+
 Per arm and B it prints throughput (all emitted tokens / wall time), mean per-sequence latency,
 mean tau (tokens per target forward of a sequence) and the speedup over ``ar`` at the same B,
 and lists every sequence that differs from the single-sequence greedy decoding of its prompt,
@@ -49,7 +53,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from auto_sizing import PAIRS  # noqa: E402  (the pairs of the published tables)
 
 ALLOCATORS = ("equal", "shared", "acceptance")
-ARMS = (*ALLOCATORS, "auto")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", choices=("padded", "flat"), default="padded",
                    help="batch cache of every speculative arm and ar-refill: padded ([B, n_max]) or flat (the "
                         "trees' real nodes in one row)")
+    p.add_argument("--per-row-drafts", action="store_true",
+                   help="also run every arm drafting row by row (name/per-row), beside its batched drafting "
+                        "(one draft forward per layer for the batch; it matters for the model and eagle3 drafters)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True,
                    help="also run every arm with continuous batching (and ar-refill) at each B > 1")
     p.add_argument("--window", type=int, default=None,
@@ -119,13 +125,21 @@ def decoder(args: argparse.Namespace, target: Any, budget: int | str) -> Any:
 
 
 def batchers(args: argparse.Namespace, target: Any) -> dict[str, Any]:
-    """One BatchDecoder per speculative arm, rows built and every code path run once, untimed."""
+    """One BatchDecoder per speculative arm, rows built and every code path run once, untimed.
+    A ``/per-row`` twin (``--per-row-drafts``) has its own decoder, so no adaptive state is shared."""
     from specframe.batch import BatchDecoder
 
-    fixed = decoder(args, target, 2 * args.budget)
-    arms = {a: BatchDecoder(fixed, (a, {"budget": args.budget * max(args.sizes)}), layout=args.layout)
-            for a in ALLOCATORS}
-    arms["auto"] = BatchDecoder(decoder(args, target, "auto"), ("equal", {"budget": None}), layout=args.layout)
+    def arm(name: str, batch_drafts: bool) -> Any:
+        if name == "auto":
+            return BatchDecoder(decoder(args, target, "auto"), ("equal", {"budget": None}), layout=args.layout,
+                                batch_drafts=batch_drafts)
+        return BatchDecoder(decoder(args, target, 2 * args.budget), (name, {"budget": args.budget * max(args.sizes)}),
+                            layout=args.layout, batch_drafts=batch_drafts)
+
+    names = (*ALLOCATORS, "auto")
+    arms = {name: arm(name, True) for name in names}
+    if args.per_row_drafts:
+        arms.update({f"{name}/per-row": arm(name, False) for name in names})
     for batcher in arms.values():
         batcher.prepare(max(args.sizes))
         batcher.generate(args.prompts[:2], max_new_tokens=4, eos_token_id=sorted(args.eos) or None)
@@ -182,9 +196,10 @@ def run(args: argparse.Namespace) -> dict:
         task = bar.add_task("batch sweep", total=sum(-(-len(prompts) // b) + windows * refills(args, b)
                                                      for b in args.sizes))
         for size in args.sizes:
-            for name in ALLOCATORS:
-                arms[name].allocator.options.budget = args.budget * size
-            names = ("ar", *ARMS) + (("ar-refill", *(f"{a}+refill" for a in ARMS)) if refills(args, size) else ())
+            for name, batcher in arms.items():
+                if name.split("/")[0] in ALLOCATORS:
+                    batcher.allocator.options.budget = args.budget * size
+            names = ("ar", *arms) + (("ar-refill", *(f"{a}+refill" for a in arms)) if refills(args, size) else ())
             rows = {arm: {"tokens": 0, "wall": 0.0, "latency": [], "tau": [], "diverged": [],
                           "steps": 0, "nodes": 0, "padded": 0, "draft": 0.0} for arm in names}
             for start in range(0, len(prompts), size):

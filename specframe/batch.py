@@ -106,7 +106,9 @@ class BatchDecoder:
     from the registered name and the drafter's shared options, so a draft model loads once).
     ``layout``: the batch cache, ``"padded"`` (``[B, n_max]``: :class:`specframe.batch_kv.BatchKV`)
     or ``"flat"`` (every tree's real nodes in one row: :class:`specframe.batch_flat.FlatKV`;
-    docs/batching.md says when it pays).
+    docs/batching.md says when it pays). ``batch_drafts``: build the rows' trees in lockstep so
+    that a drafter with ``expand_batch`` drafts a layer of every row in one forward (False: one
+    row after another, each drafting alone).
     Rows are reused across calls (each generation calls ``begin`` / ``reset``).
     """
 
@@ -114,9 +116,11 @@ class BatchDecoder:
         self, decoder: SpecDecoder, allocator: Any = "equal",
         drafter_factory: Callable[[SpecDecoder], Drafter] = rebuild_drafter,
         policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy, layout: str = "padded",
+        batch_drafts: bool = True,
     ) -> None:
         self.decoder = decoder
         self.layout = check_layout(layout)
+        self.batch_drafts = batch_drafts
         self.allocator: BatchAllocator = make_allocator(allocator)
         self._drafter_factory = drafter_factory
         self._policy_factory = policy_factory
@@ -284,7 +288,7 @@ class BatchDecoder:
                        context_len=len(row.committed))
 
         trees, sessions, policy_times = build_trees([r.policy for r in rows], [r.drafter for r in rows],
-                                                    new_session, limits)
+                                                    new_session, limits, self.batch_drafts)
         trees = self.allocator.trim(trees, total)
         if sum(len(t) for t in trees) > total:
             raise EngineError(f"allocator {self.allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "

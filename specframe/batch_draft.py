@@ -277,13 +277,14 @@ def _answer_or_raise(waiting: Sequence[_Build]) -> list[Any]:
 
 def build_trees(policies: Sequence[TreePolicy], drafters: Sequence[Drafter],
                 new_session: Callable[[int, type[DraftSession]], DraftSession],
-                limits: Sequence[int]) -> tuple[list[DraftTree], list[DraftSession], list[float]]:
+                limits: Sequence[int], lockstep: bool = True) -> tuple[list[DraftTree], list[DraftSession], list[float]]:
     """Every row's tree, its session and its policy time: in lockstep when two rows' drafters
-    batch (:func:`lockstep_wanted`), else one row after another (as a lone sequence builds).
+    batch (:func:`lockstep_wanted`) and ``lockstep`` allows it, else one row after another (as
+    a lone sequence builds).
 
     ``new_session(b, cls)``: row ``b``'s session of class ``cls``.
     """
-    if not lockstep_wanted(drafters):
+    if not (lockstep and lockstep_wanted(drafters)):
         trees, sessions, times = [], [], []
         for b, (policy, limit) in enumerate(zip(policies, limits)):
             start = time.perf_counter()

@@ -295,3 +295,15 @@ def test_rows_of_an_eagle_drafter_share_its_head(name):
 
     dec = decoder(name)
     assert rebuild_drafter(dec).head is dec.drafter.head
+
+
+def test_batch_drafts_false_drafts_row_by_row_with_the_same_outputs(monkeypatch):
+    """BatchDecoder(batch_drafts=False): a capable drafter's rows build one after another (the
+    comparison arm of the batch sweep), and every sequence is unchanged."""
+    import specframe.batch_draft
+
+    lockstep = BatchDecoder(decoder()).generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=None)
+    monkeypatch.setattr(specframe.batch_draft, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
+    alone = BatchDecoder(decoder(), batch_drafts=False).generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=None)
+    assert [o.tokens for o in alone.outputs] == [o.tokens for o in lockstep.outputs]
+    assert [records(o) for o in alone.outputs] == [records(o) for o in lockstep.outputs]
