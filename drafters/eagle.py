@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Generator, Sequence
 
 import torch
 
-from specframe.batch_draft import DraftCall
+from specframe.batch_draft import DraftCall, row_visibility
+from specframe.batch_kv import pad_columns
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
 from specframe.packed_linear import linear_kernel, pack_linears
@@ -292,13 +293,10 @@ def _run_packed(drafters: list[EagleDrafter], jobs: list[_HeadJob]) -> list[torc
     tokens = torch.zeros(rows, q_max, dtype=torch.long, device=dev)
     positions = torch.zeros(rows, q_max, dtype=torch.long, device=dev)
     feats = jobs[0].feats.new_zeros(rows, q_max, jobs[0].feats.shape[-1])
-    visible = torch.zeros(rows, q_max, width + q_max, dtype=torch.bool, device=dev)
-    visible[:, :, width:] = torch.eye(q_max, dtype=torch.bool, device=dev)  # padding sees itself
-    for b, (job, q, s) in enumerate(zip(jobs, sizes, lengths)):
+    for b, (job, q) in enumerate(zip(jobs, sizes)):
         tokens[b, :q], positions[b, :q], feats[b, :q] = job.tokens, job.positions, job.feats
         positions[b, q:] = job.positions[-1]
-        visible[b, :q, :s] = job.mask[:, :s]
-        visible[b, :q, width : width + q] = job.mask[:, s:]
+    visible = row_visibility(jobs, lengths, width, q_max).to(dev)  # a job's mask covers its whole cache
     past = _stacked_kv(drafters, width) if width else None
     hidden, present = drafters[0].head(tokens, feats, positions, visible, past, jobs[0].from_target)
     for b, (d, q, s) in enumerate(zip(drafters, sizes, lengths)):
@@ -310,17 +308,5 @@ def _run_packed(drafters: list[EagleDrafter], jobs: list[_HeadJob]) -> list[torc
 def _stacked_kv(drafters: list[EagleDrafter], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The drafters' head caches stacked per layer, each zero-padded to ``width`` rows."""
     template = next(d.kv for d in drafters if d.kv is not None)
-    stacked = []
-    for i, (k0, v0) in enumerate(template):
-        keys, values = [], []
-        for d in drafters:
-            k = k0.new_zeros(1, k0.shape[1], width, k0.shape[3])
-            v = v0.new_zeros(1, v0.shape[1], width, v0.shape[3])
-            if d.kv is not None:
-                own_k, own_v = d.kv[i]
-                k[:, :, : own_k.shape[2]] = own_k
-                v[:, :, : own_v.shape[2]] = own_v
-            keys.append(k)
-            values.append(v)
-        stacked.append((torch.cat(keys), torch.cat(values)))
-    return stacked
+    return [tuple(torch.cat([pad_columns(None if d.kv is None else d.kv[i][j], like, width, dim=2) for d in drafters])
+                  for j, like in enumerate(pair)) for i, pair in enumerate(template)]

@@ -204,8 +204,7 @@ class BatchDecoder:
         if rows not in self._curves:
             from .batch_profile import BatchCurves
 
-            target = self.decoder.target
-            self._curves[rows] = BatchCurves.for_target(target, rows, self.layout)
+            self._curves[rows] = BatchCurves.for_target(self.decoder.target, rows, self.layout)
         return self._curves[rows]
 
     @staticmethod
@@ -230,10 +229,10 @@ class BatchDecoder:
 
     def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list, result: BatchOutput) -> list[_Row]:
         """Prefill the first prompts together and begin their rows' drafters and policies."""
-        slots = list(range(len(ids)))
-        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in slots)
+        first = list(range(len(ids)))  # prompt b in slot b
+        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in first)
         prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden, logits=prompt_logits)
-        return self._start_rows(prefill, list(range(len(ids))), slots, ids, generators, result)
+        return self._start_rows(prefill, first, first, ids, generators, result)
 
     def _join(self, kv: BatchKV, rows: list[_Row], joining: list[int], ids: list[torch.Tensor],
               generators: list, result: BatchOutput, start: float) -> list[_Row]:

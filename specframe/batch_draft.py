@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .batch_kv import batch_attention_mask, pad_columns
 from .interfaces import DraftSession, Drafter, TreePolicy
 from .target import TargetModel
 from .tree import DraftTree
@@ -348,7 +349,7 @@ def _packed_forward(lms: Sequence[TargetModel], rows: Sequence[RowInputs]) -> li
         positions[b, q:] = r.top  # padding: any position in range (its output is never read)
     cache = _stacked_cache(lms, width)
     out = lead._call(input_ids=tokens, position_ids=positions,
-                     attention_mask=_batch_mask(lead, _packed_visibility(rows, lengths, width, q_max)),
+                     attention_mask=batch_attention_mask(lead, row_visibility(rows, lengths, width, q_max).to(dev)),
                      use_cache=True, **{lead._cache_kw: cache})
     for b, (lm, q) in enumerate(zip(lms, sizes)):
         for i, layer in enumerate(cache.layers):
@@ -357,9 +358,12 @@ def _packed_forward(lms: Sequence[TargetModel], rows: Sequence[RowInputs]) -> li
     return [out.logits[b, :q] for b, q in enumerate(sizes)]
 
 
-def _packed_visibility(rows: Sequence[RowInputs], lengths: Sequence[int], width: int, q_max: int) -> torch.Tensor:
-    """Bool ``[B, q_max, width + q_max]``: row b's query i sees its cache prefix, the masked
-    tail its ``mask`` names, and its new tokens as its ``mask`` says; padding sees itself."""
+def row_visibility(rows: Sequence[Any], lengths: Sequence[int], width: int, q_max: int) -> torch.Tensor:
+    """Bool ``[B, q_max, width + q_max]`` of rows packed over their caches stacked to ``width``
+    columns: row b's query i sees its cache prefix (``lengths[b]`` entries; the last ones as
+    its ``mask`` says), and its new tokens as its ``mask`` says; padding sees itself. A row is
+    anything with ``tokens`` ``[q]`` and a bool ``mask`` ``[q, t + q]`` over its last ``t``
+    cache entries and its new tokens (:class:`RowInputs`, an EAGLE head's job)."""
     dev = rows[0].mask.device
     visible = torch.zeros(len(rows), q_max, width + q_max, dtype=torch.bool, device=dev)
     visible[:, :, width:] = torch.eye(q_max, dtype=torch.bool, device=dev)
@@ -372,15 +376,6 @@ def _packed_visibility(rows: Sequence[RowInputs], lengths: Sequence[int], width:
     return visible
 
 
-def _batch_mask(lm: TargetModel, visible: torch.Tensor) -> torch.Tensor:
-    """``[B, q, k]`` visibility as the 4D mask ``lm``'s attention takes (bool, or additive float for eager)."""
-    visible = visible.to(lm.device)
-    if lm.attn_implementation != "eager":
-        return visible[:, None]
-    zero = torch.zeros((), dtype=lm.dtype, device=lm.device)
-    return torch.where(visible, zero, torch.finfo(lm.dtype).min)[:, None]
-
-
 def _stacked_cache(lms: Sequence[TargetModel], width: int) -> Any:
     """A transformers cache holding every row's keys and values, zero-padded to ``width``."""
     from transformers import DynamicCache
@@ -390,19 +385,14 @@ def _stacked_cache(lms: Sequence[TargetModel], width: int) -> Any:
         return cache
     template = next(lm.cache for lm in lms if lm.cache_len > 0)
     for i, layer in enumerate(template.layers):
-        keys = [_padded(lm.cache, i, "keys", layer.keys, width) for lm in lms]
-        values = [_padded(lm.cache, i, "values", layer.values, width) for lm in lms]
+        keys = [pad_columns(_own(lm.cache, i, "keys"), layer.keys, width) for lm in lms]
+        values = [pad_columns(_own(lm.cache, i, "values"), layer.values, width) for lm in lms]
         cache.update(torch.cat(keys), torch.cat(values), i)
     return cache
 
 
-def _padded(cache: Any, i: int, name: str, like: torch.Tensor, width: int) -> torch.Tensor:
-    """Layer ``i``'s ``name`` tensor of one row's cache, zero-padded along its columns to ``width``."""
-    shape = list(like.shape)
-    shape[0], shape[-2] = 1, width
-    out = torch.zeros(shape, dtype=like.dtype, device=like.device)
+def _own(cache: Any, i: int, name: str) -> torch.Tensor | None:
+    """Layer ``i``'s ``name`` tensor of one row's cache, or None where it holds nothing yet."""
     layers = getattr(cache, "layers", None) or []
     own = getattr(layers[i], name, None) if i < len(layers) else None
-    if own is not None and own.dim() == 4 and own.shape[-2]:
-        out[..., : own.shape[-2], :] = own
-    return out
+    return own if own is not None and own.dim() == 4 and own.shape[-2] else None

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .batch_kv import BatchKV
+from .batch_kv import BatchKV, widen_columns
 from .target import TargetModel
 from .tree import DraftTree
 
@@ -105,11 +105,7 @@ class FlatKV(BatchKV):
 
     def _grown(self, store: torch.Tensor) -> torch.Tensor:
         """``store`` with room for every allocated segment (zero columns appended)."""
-        need = self._count * self.capacity
-        if store.shape[-2] >= need:
-            return store
-        pad = store.new_zeros(*store.shape[:-2], need - store.shape[-2], store.shape[-1])
-        return torch.cat([store, pad], dim=-2)
+        return widen_columns(store, self._count * self.capacity)
 
     def _widen(self, capacity: int) -> None:
         """Every segment ``capacity`` columns wide, each keeping its prefix at its start."""
@@ -144,7 +140,7 @@ class FlatKV(BatchKV):
         top = max(length + n - 1 for length, n in zip(self.lengths, sizes))
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
-        self._spans, self.last_width, self.last_rows = spans, max(sizes), sum(sizes)
+        self._spans, self.last_rows = spans, sum(sizes)
         return self._forward(tokens[None], positions[None], visible[None].to(device), hidden)
 
     def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:

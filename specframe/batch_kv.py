@@ -49,7 +49,6 @@ class BatchKV:
         self.target = target
         self.cache: Any = None
         self.lengths: list[int] = []
-        self.last_width = 0  # the last tree forward's longest tree
         self.last_rows = 0  # the rows (tokens) the last tree forward computed
         self._sizes: list[int] = []
 
@@ -60,20 +59,13 @@ class BatchKV:
         keys = getattr(layer, "keys", None)
         return 0 if keys is None or keys.dim() != 4 else int(keys.shape[-2])
 
-    def _attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """``[B, q, k]`` bool visibility as the 4D mask the model's attention takes."""
-        if self.target.attn_implementation != "eager":
-            return visible[:, None]
-        zero = torch.zeros((), dtype=self.target.dtype, device=self.target.device)
-        return torch.where(visible, zero, torch.finfo(self.target.dtype).min)[:, None]
-
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                  hidden: bool, last_logits_only: bool = False, cache: Any = None) -> Any:
         """One model call on ``cache`` (default: the batch cache), which it appends to."""
         t = self.target
         keep = {"logits_to_keep": 1} if last_logits_only and t._takes_logits_to_keep else {}
         return t._call(input_ids=tokens.to(t.device), position_ids=positions.to(t.device),
-                       attention_mask=self._attention_mask(visible.to(t.device)), use_cache=True,
+                       attention_mask=batch_attention_mask(t, visible.to(t.device)), use_cache=True,
                        output_hidden_states=hidden, **{t._cache_kw: self.cache if cache is None else cache}, **keep)
 
     @torch.inference_mode()
@@ -142,20 +134,20 @@ class BatchKV:
             caches.append(cache)
         template = next((c for c in caches if c is not None), None)
         if template is None:  # one-token prompts: zero rows shaped as the running cache's
-            return [(_pad_cols(None, layer.keys, width).expand(len(prefixes), -1, -1, -1),
-                     _pad_cols(None, layer.values, width).expand(len(prefixes), -1, -1, -1))
+            return [(pad_columns(None, layer.keys, width).expand(len(prefixes), -1, -1, -1),
+                     pad_columns(None, layer.values, width).expand(len(prefixes), -1, -1, -1))
                     for layer in self._layers()], None
         layers = []
         for i, layer in enumerate(template.layers):
-            keys = [_pad_cols(None if c is None else c.layers[i].keys, layer.keys, width) for c in caches]
-            values = [_pad_cols(None if c is None else c.layers[i].values, layer.values, width) for c in caches]
+            keys = [pad_columns(None if c is None else c.layers[i].keys, layer.keys, width) for c in caches]
+            values = [pad_columns(None if c is None else c.layers[i].values, layer.values, width) for c in caches]
             layers.append((torch.cat(keys), torch.cat(values)))
         some = next(o for o in outs if o is not None)
         cols = width if logits else 1
-        stacked = [_pad_cols(None if o is None else o.logits, some.logits, cols, dim=1) for o in outs]
+        stacked = [pad_columns(None if o is None else o.logits, some.logits, cols, dim=1) for o in outs]
         states = None
         if hidden:
-            states = tuple(torch.cat([_pad_cols(None if o is None else o.hidden_states[j], h, width, dim=1) for o in outs])
+            states = tuple(torch.cat([pad_columns(None if o is None else o.hidden_states[j], h, width, dim=1) for o in outs])
                            for j, h in enumerate(some.hidden_states))
         return layers, CausalLMOutputWithPast(logits=torch.cat(stacked), hidden_states=states)
 
@@ -181,8 +173,8 @@ class BatchKV:
         width = max(self.width, *lengths)
         layers, out = self._each_row(prefixes, width, hidden, logits)
         for layer, (keys, values) in zip(self._layers(), layers):
-            layer.keys = torch.cat([_pad_cols_all(layer.keys, width), keys.to(layer.keys.dtype)])
-            layer.values = torch.cat([_pad_cols_all(layer.values, width), values.to(layer.values.dtype)])
+            layer.keys = torch.cat([widen_columns(layer.keys, width), keys.to(layer.keys.dtype)])
+            layer.values = torch.cat([widen_columns(layer.values, width), values.to(layer.values.dtype)])
         self.lengths = self.lengths + lengths
         return out
 
@@ -194,7 +186,7 @@ class BatchKV:
         padding nodes see only themselves. Logits ``[B, n_max, V]``: row b's first ``len(trees[b])``.
         """
         rows, width = len(trees), self.width
-        n_max = self.last_width = max(len(tree) for tree in trees)
+        n_max = max(len(tree) for tree in trees)
         self._sizes, self.last_rows = [len(tree) for tree in trees], rows * n_max
         device = self.target.device
         tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
@@ -237,9 +229,7 @@ class BatchKV:
         index = torch.tensor(live, dtype=torch.long, device=device)
         every = len(live) == len(paths)
         moves = (torch.cat(rows), torch.cat(dst), torch.cat(src)) if rows else None
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.dim() != 4:
-                continue
+        for layer in self._layers():
             for name in ("keys", "values"):
                 kv = getattr(layer, name)
                 if moves is not None:
@@ -251,7 +241,16 @@ class BatchKV:
         self.lengths = new_lengths
 
 
-def _pad_cols_all(x: torch.Tensor, width: int) -> torch.Tensor:
+def batch_attention_mask(model: TargetModel, visible: torch.Tensor) -> torch.Tensor:
+    """``[B, q, k]`` bool visibility as the 4D mask ``model``'s attention takes: bool (SDPA)
+    or additive float in the model's dtype (eager)."""
+    if model.attn_implementation != "eager":
+        return visible[:, None]
+    zero = torch.zeros((), dtype=model.dtype, device=model.device)
+    return torch.where(visible, zero, torch.finfo(model.dtype).min)[:, None]
+
+
+def widen_columns(x: torch.Tensor, width: int) -> torch.Tensor:
     """Every row of ``x`` (``[B, H, S, D]``) zero-padded to ``width`` columns (``x`` itself if wide enough)."""
     if x.shape[-2] >= width:
         return x
@@ -259,7 +258,7 @@ def _pad_cols_all(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=-2)
 
 
-def _pad_cols(x: torch.Tensor | None, like: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+def pad_columns(x: torch.Tensor | None, like: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
     """``x`` (one row) zero-padded along ``dim`` to ``width``; None: all zeros shaped as ``like``."""
     shape = list(like.shape)
     shape[0], shape[dim] = 1, width

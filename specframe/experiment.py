@@ -485,10 +485,10 @@ class Experiment:
         cfg = self.config
         work = {(r, answer_key(q.question_id, r), a.name) for r, q, a in todo}
         chunks: list[tuple[int, list[Question]]] = []
-        step = None if cfg.batch_refill else cfg.batch_size
         for repeat in sorted({r for r, _, _ in todo}):
             qs = list({answer_key(q.question_id, repeat): q for r, q, _ in todo if r == repeat}.values())
-            chunks += [(repeat, qs[i : i + (step or len(qs))]) for i in range(0, len(qs), step or len(qs))]
+            size = len(qs) if cfg.batch_refill else cfg.batch_size  # refill: one window of them all
+            chunks += [(repeat, qs[i : i + size]) for i in range(0, len(qs), size)]
         live = cfg.batch_size if cfg.batch_refill else None
         computed = 0
         for repeat, chunk in chunks:
