@@ -133,6 +133,13 @@ class BatchDecoder:
         so that a timed generation does not pay for it."""
         self._slot(rows - 1)
 
+    def forget_rows(self) -> None:
+        """Drop every row's drafter and policy: the next generation builds fresh ones, so a
+        drafter that keeps state across requests starts with none (call :meth:`prepare` to build
+        them before a timed generation)."""
+        self._drafters.clear()
+        self._policies.clear()
+
     def _slot(self, b: int) -> tuple[Drafter, TreePolicy]:
         while len(self._drafters) <= b:
             self._drafters.append(self._drafter_factory(self.decoder))

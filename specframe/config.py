@@ -575,14 +575,15 @@ def _check_pairs(target: ModelSpec, models: dict[str, ModelSpec], arms: list[Arm
 
 
 def _check_unique(arms: list[ArmConfig]) -> None:
+    """Names, and answers file names ignoring case (case-insensitive file systems), are unique."""
     seen: dict[str, str] = {}
     for arm in arms:
-        for key in (arm.name, arm.slug):
+        for key in (arm.name, arm.slug.casefold()):
             if key in seen:
                 raise ConfigError(
                     f"arm name {arm.name!r} is duplicated (clashes with {seen[key]!r}); give each [[arm]] a unique 'name'"
                 )
-        seen[arm.name] = seen[arm.slug] = arm.name
+        seen[arm.name] = seen[arm.slug.casefold()] = arm.name
 
 
 def load_config(path: str | Path) -> ExperimentConfig:

@@ -203,10 +203,11 @@ class SpecDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         need = len(prompt) + max_new_tokens
-        if need > self.target.max_positions:
+        if need > self.max_positions:
+            whose = "target's" if self.max_positions == self.target.max_positions else "draft model's"
             raise ValueError(
                 f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds "
-                f"the target's {self.target.max_positions} positions"
+                f"the {whose} {self.max_positions} positions"
             )
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
@@ -268,11 +269,18 @@ class SpecDecoder:
         verifier.options = options
         return verifier
 
+    @property
+    def max_positions(self) -> int:
+        """The context both models hold: the target's positions, or a draft model's when fewer
+        (a drafter's ``max_positions``; None means no limit of its own)."""
+        own = getattr(self.drafter, "max_positions", None)
+        return self.target.max_positions if own is None else min(self.target.max_positions, int(own))
+
     def _build_tree(self, committed: list[int], generator: torch.Generator | None = None):
         session = DraftSession(self.drafter, committed[-1], self.target.device, generator,
                                context_len=len(committed))
         # The engine alone bounds the tree: the policy's largest, or the room left in the context.
-        limit = min(self.policy.max_budget, self.target.max_positions - (len(committed) - 1))
+        limit = min(self.policy.max_budget, self.max_positions - (len(committed) - 1))
         tree = self.policy.build(session, limit)
         return tree, session, limit
 

@@ -30,8 +30,18 @@ from .errors import ContextError, ExperimentError, one_line, warn
 from .options import build_options
 from .runlock import DirectoryInUseError, RunLock
 from .runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, answer_key, read_answers, steps_columns
+from .runs.runfile import question_digest
 
 RecordHook = Callable[[str, dict], None]
+#: How the run treats drafters that keep state across requests (``persistent_state``), in run.json
+#: and the report: what their timed answers saw before them.
+PROTOCOL = {
+    "warmup": "untimed generations of question 1 per arm; a drafter that keeps state across requests "
+              "is rebuilt fresh after them, so nothing it learned there reaches a timed answer",
+    "state_across_requests": "each repeat starts from a fresh drafter; within a repeat its state carries "
+                             "across questions in data-file order (a resumed run first regenerates the "
+                             "repeat's earlier questions, untimed, to rebuild that state)",
+}
 MODEL_FIX = ("give a local model directory, a shipped name (demo-target, demo-draft) or a hub id "
              "already in the local Hugging Face cache; offline, HF_HUB_OFFLINE=1 makes a missing "
              "hub id fail at once instead of after retries")
@@ -322,14 +332,33 @@ class Experiment:
         finally:
             lock.__exit__(None, None, None)
 
+    def fingerprint(self) -> dict:
+        """The run's fingerprint in run.json (:meth:`ExperimentConfig.fingerprint`; a replay adds
+        the identity of its trace and curve)."""
+        return self.config.fingerprint()
+
+    def encoder(self) -> PromptEncoder:
+        """The prompt encoder of the target's tokenizer (loaded once per run)."""
+        if getattr(self, "_encoder", None) is None:
+            self._encoder = PromptEncoder(load_tokenizer(self.config), self.config.data.chat_template)
+        return self._encoder
+
+    def _inputs(self, questions: list[Question]) -> dict[str, str]:
+        """Question id (as JSON) -> digest of its text and its tokenized first prompt."""
+        enc = self.encoder()
+        return {json.dumps(q.question_id): question_digest(q.question_id, q.category, q.turns,
+                                                            enc.encode(q.turns, [], None))
+                for q in questions}
+
     def _run_locked(self) -> RunOutcome:
         cfg = self.config
         questions = load_questions(cfg.data.path, cfg.data.category, cfg.data.limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run_file = RunFile(self.out_dir)
-        run_file.check(cfg.name, cfg.fingerprint(), {a.name: a.describe() for a in cfg.arms},
-                       max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, target=cfg.target.model,
-                       source=str(cfg.source or ""), torch=torch.__version__)
+        run_file.check(cfg.name, self.fingerprint(), {a.name: a.describe() for a in cfg.arms},
+                       inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
+                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
+                       protocol=PROTOCOL)
         overflowed = run_file.overflow_skipped_ids()
         questions = [q for q in questions if json.dumps(q.question_id) not in overflowed]
         store = AnswerStore(self.out_dir)
@@ -375,7 +404,7 @@ class Experiment:
             path.unlink(missing_ok=True)
             return
         model = ModelPool(cfg).target()
-        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
+        encoder = self.encoder()
         by_id = {json.dumps(q.question_id): q for q in questions}
         found = []
         for arm_name, record, base in differing:
@@ -392,52 +421,76 @@ class Experiment:
 
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config
-        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
+        encoder = self.encoder()
         pool = ModelPool(cfg)
         from .target import TargetModel
 
         target = TargetModel(pool.target())
-        self._skip_overflowing(encoder, target, questions)
         runners = {arm.name: build_runner(arm, pool, target, cfg) for arm in arms}
+        self._skip_overflowing(encoder, target, questions, runners)
         eos: set[int] = set()
         if cfg.stop_at_eos and target.eos_token_id is not None:
             ids = target.eos_token_id
             eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
         return encoder, target, runners, eos
 
-    def _skip_overflowing(self, encoder: PromptEncoder, target: Any, questions: list[Question]) -> None:
-        """Apply ``[data] on_overflow`` to first turns that do not fit the target's context.
+    def _skip_overflowing(self, encoder: PromptEncoder, target: Any, questions: list[Question], runners: dict) -> None:
+        """Apply ``[data] on_overflow`` to questions that do not fit the context: the target's, or
+        a draft model's when one has fewer positions.
 
         ``error`` raises; ``skip`` removes the question from ``questions`` (for every arm, so
         the comparison stays paired) and lists it in run.json, which the report shows.
         """
+        self._limit = context_limit(target, runners)
         skipped = []
         for q in list(questions):
             prompt = encoder.encode(q.turns, [], None)
-            if self.config.data.on_overflow == "skip" and prompt and not self._fits(prompt, target):
-                skipped.append({"question_id": q.question_id, "prompt_tokens": len(prompt),
+            longest = self._longest_prompt(encoder, q, prompt)
+            if self.config.data.on_overflow == "skip" and prompt and len(longest) + self.config.max_new_tokens > self._limit[0]:
+                skipped.append({"question_id": q.question_id, "prompt_tokens": len(longest),
+                                **({"turn": len(q.turns)} if len(q.turns) > 1 else {}),
                                 "max_new_tokens": self.config.max_new_tokens,
-                                "max_positions": target.max_positions})
+                                "max_positions": self._limit[0], "limited_by": self._limit[1]})
                 questions.remove(q)
                 continue
             self._check_length(prompt, target, q)
         if skipped:
             RunFile(self.out_dir).add_overflow_skipped(skipped)
-            warn(f"{len(skipped)} prompt(s) skipped: prompt + max_new_tokens exceeds the target's "
-                 f"{target.max_positions} positions ([data] on_overflow = \"skip\"; listed in the report)")
+            warn(f"{len(skipped)} prompt(s) skipped: prompt + max_new_tokens exceeds the {self._limit[0]} positions "
+                 f"of {self._limit[1]} ([data] on_overflow = \"skip\"; listed in the report)")
+
+    def _longest_prompt(self, encoder: PromptEncoder, q: Question, first: list[int]) -> list[int]:
+        """The prompt of ``q``'s last turn when every earlier answer is ``max_new_tokens`` long:
+        the most context any arm can need for it (so "skip" leaves a question out up front, for
+        every arm, instead of failing on a later turn). With a chat template an answer is
+        re-rendered as text; its tokens are taken to re-encode to at most as many."""
+        prompt, answers = first, []
+        for _ in range(1, len(q.turns)):
+            answers.append([] if encoder.chat_template else [0] * self.config.max_new_tokens)
+            prompt = encoder.encode(q.turns, answers, prompt)
+        extra = (len(q.turns) - 1) * self.config.max_new_tokens if encoder.chat_template else 0
+        return prompt + [0] * extra
 
     def _fits(self, prompt: list[int], target: Any) -> bool:
-        return len(prompt) + self.config.max_new_tokens <= target.max_positions
+        return len(prompt) + self.config.max_new_tokens <= self._positions(target)[0]
+
+    def _positions(self, target: Any) -> tuple[int, str]:
+        """``(positions, whose)``: the context every arm fits in (set when the arms are built)."""
+        return getattr(self, "_limit", None) or (target.max_positions, "the target")
 
     def _check_length(self, prompt: list[int], target: Any, q: Question) -> None:
         if not prompt:
             raise ExperimentError(f"the prompt encodes to no tokens (question {q.question_id!r}): "
                                   "remove the question or give it text")
         if not self._fits(prompt, target):
+            fix = ("lower max_new_tokens, or set [data] on_overflow = \"skip\" to leave such prompts out"
+                   if self.config.data.on_overflow != "skip" else
+                   "lower max_new_tokens (on_overflow = \"skip\" left out the questions whose turns could not fit "
+                   "with answers of max_new_tokens tokens; this one's chat rendering grew past that bound)")
+            positions, whose = self._positions(target)
             raise ExperimentError(
-                f"prompt too long for the target (question {q.question_id!r}): prompt ({len(prompt)} tokens) + "
-                f"max_new_tokens ({self.config.max_new_tokens}) exceeds the target's {target.max_positions} "
-                f"positions: lower max_new_tokens, or set [data] on_overflow = \"skip\" to leave such prompts out"
+                f"prompt too long for {whose} (question {q.question_id!r}): prompt ({len(prompt)} tokens) + "
+                f"max_new_tokens ({self.config.max_new_tokens}) exceeds the {positions} positions of {whose}: {fix}"
             )
 
     def _compute(self, todo: list, questions: list[Question], store: AnswerStore, skipped: int) -> int:
@@ -458,18 +511,28 @@ class Experiment:
         computed = 0
         if cfg.batch_size > 1:
             with self._progress(total=skipped + len(todo), completed=skipped) as advance:
-                return self._compute_batched(todo, runners, encoder, target, eos, store, advance)
+                return self._compute_batched(todo, questions, runners, encoder, target, eos, store, advance)
+        order = {json.dumps(q.question_id): i for i, q in enumerate(questions)}
+        state = _StatePositions()
         with self._progress(total=skipped + len(todo), completed=skipped) as advance:
             for repeat, question, arm in todo:
-                record = store.append(self._answer(arm, runners[arm.name], encoder, question, repeat, eos, target))
+                runner, index = runners[arm.name], order[json.dumps(question.question_id)]
+                if keeps_state(runner) and not state.follows(arm.name, repeat, index):
+                    # A fresh drafter, then the repeat's earlier questions untimed: the state a
+                    # run that never stopped would have here (the warm-up's is gone too).
+                    fresh_drafter(runner)
+                    for earlier in questions[:index]:
+                        self._answer(arm, runner, encoder, earlier, repeat, eos, target)
+                record = store.append(self._answer(arm, runner, encoder, question, repeat, eos, target))
+                state.mark(arm.name, repeat, index)
                 computed += 1
                 advance(arm.name)
                 if self.on_record is not None:
                     self.on_record(arm.name, record)
         return computed
 
-    def _compute_batched(self, todo: list, runners: dict, encoder: PromptEncoder, target: Any, eos: set[int],
-                         store: AnswerStore, advance: Callable) -> int:
+    def _compute_batched(self, todo: list, questions: list[Question], runners: dict, encoder: PromptEncoder,
+                         target: Any, eos: set[int], store: AnswerStore, advance: Callable) -> int:
         """``batch_size`` > 1: the questions in chunks of B, every arm decoding each chunk in turn.
 
         A record's ``wall_time`` is its share of the batch's wall time by tokens, so the report's
@@ -477,33 +540,41 @@ class Experiment:
         sequence's latency (batch start to its last token) and the batch's wall time.
         ``batch_refill``: one chunk per repeat (all its questions), decoded with at most B
         sequences live (continuous batching), the latency being a sequence's time from its
-        prefill to its last token.
+        prefill to its last token. Chunks are cut from every question of a repeat in file order,
+        so a drafter that keeps state across requests sees the same chunks before each of its
+        answers whether or not the run was resumed (it decodes the earlier ones untimed).
         """
         from .batch import BatchDecoder
         from .batch_baseline import autoregressive_batch, autoregressive_refill
 
         cfg = self.config
         work = {(r, answer_key(q.question_id, r), a.name) for r, q, a in todo}
-        chunks: list[tuple[int, list[Question]]] = []
-        for repeat in sorted({r for r, _, _ in todo}):
-            qs = list({answer_key(q.question_id, repeat): q for r, q, _ in todo if r == repeat}.values())
-            size = len(qs) if cfg.batch_refill else cfg.batch_size  # refill: one window of them all
-            chunks += [(repeat, qs[i : i + size]) for i in range(0, len(qs), size)]
+        size = len(questions) if cfg.batch_refill else cfg.batch_size  # refill: one window of them all
+        chunks = [(repeat, questions[i : i + size]) for repeat in sorted({r for r, _, _ in todo})
+                  for i in range(0, len(questions), size)]
         live = cfg.batch_size if cfg.batch_refill else None
         computed = 0
-        for repeat, chunk in chunks:
+        for n, (repeat, chunk) in enumerate(chunks):
             for arm in cfg.arms:
                 qs = [q for q in chunk if (repeat, answer_key(q.question_id, repeat), arm.name) in work]
+                runner = runners[arm.name]
+                if keeps_state(runner):
+                    if not self._batch_state_needed(chunks[n:], repeat, arm, work):
+                        continue
+                    if n == 0 or chunks[n - 1][0] != repeat:
+                        fresh_drafter(runner)  # a repeat starts from a fresh drafter
+                    qs = list(chunk)  # the whole chunk: later answers of the repeat build on it
                 if not qs:
                     continue
                 prompts = [self._single_turn_prompt(encoder, q, target) for q in qs]
-                runner = runners[arm.name]
                 if isinstance(runner, SpecRunner) and "batch" not in runner.__dict__:
                     # Rows' drafters and policies are built (a draft model or head loads) before the clock.
                     runner.batch = BatchDecoder(runner.decoder, (cfg.batch_allocator, {"budget": None}))
                     runner.batch.prepare(cfg.batch_size)
                     if cfg.warmup:  # the batched path once, untimed, like the arms' warm-up
                         runner.batch.generate(prompts, 2, sorted(eos) or None)
+                        runner.batch.forget_rows()
+                        runner.batch.prepare(cfg.batch_size)
                 _sync(target.device)
                 start = time.perf_counter()
                 if arm.baseline == "autoregressive" and live:
@@ -529,6 +600,8 @@ class Experiment:
                 wall = time.perf_counter() - start
                 total = max(1, sum(len(o.tokens) for o in outs))
                 for i, (q, prompt, out) in enumerate(zip(qs, prompts, outs)):
+                    if (repeat, answer_key(q.question_id, repeat), arm.name) not in work:
+                        continue  # decoded for the drafter's state only: answered by an earlier run
                     share = wall * len(out.tokens) / total
                     model_id = f"{Path(cfg.target.model).name}-{arm.slug}"
                     record = make_record(arm, q, repeat, model_id, runner.greedy,
@@ -542,6 +615,12 @@ class Experiment:
                     if self.on_record is not None:
                         self.on_record(arm.name, record)
         return computed
+
+    @staticmethod
+    def _batch_state_needed(rest: list, repeat: int, arm: ArmConfig, work: set) -> bool:
+        """True when ``arm`` has work in this or a later chunk of ``repeat``."""
+        return any((repeat, answer_key(q.question_id, repeat), arm.name) in work
+                   for r, chunk in rest if r == repeat for q in chunk)
 
     def _single_turn_prompt(self, encoder: PromptEncoder, q: Question, target: Any) -> list[int]:
         """The prompt of a one-turn question (batched runs decode one turn per sequence)."""
@@ -563,11 +642,16 @@ class Experiment:
         RunFile(self.out_dir).record_greedy({name: bool(r.greedy) for name, r in runners.items()})
 
     def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
+        """``warmup`` untimed generations of ``q`` per arm; then every drafter that keeps state
+        across requests is rebuilt, so the warm-up leaves no trace in a timed answer."""
         prompt = encoder.encode(q.turns, [], None)
         for _ in range(self.config.warmup):
             for arm in arms:
                 _generate(arm, runners[arm.name], prompt, self.config.max_new_tokens, eos, self._generator(0, 0),
                           f"question {q.question_id!r}, warm-up")
+        for arm in arms:
+            if keeps_state(runners[arm.name]):
+                fresh_drafter(runners[arm.name])
 
     def _generator(self, repeat: int, turn: int, question_id: Any = None) -> torch.Generator:
         # Every arm gets the same seed for the same (question, repeat, turn): a fair draw.
@@ -600,6 +684,50 @@ class Experiment:
 
     def _progress(self, total: int, completed: int):
         return _ProgressBar(total, completed, enabled=self.progress, console=self.console)
+
+
+def context_limit(target: Any, runners: dict) -> tuple[int, str]:
+    """``(positions, whose)``: the fewest positions of the target and every arm's draft model
+    (a drafter's ``max_positions``, None when it has no limit of its own)."""
+    limit = (int(target.max_positions), "the target")
+    for name, runner in runners.items():
+        drafter = getattr(getattr(runner, "decoder", None), "drafter", None)
+        positions = getattr(drafter, "max_positions", None)
+        if positions is not None and int(positions) < limit[0]:
+            limit = (int(positions), f"arm {name!r}'s draft model")
+    return limit
+
+
+def keeps_state(runner: Any) -> bool:
+    """True when the runner's drafter keeps state across requests (``persistent_state``)."""
+    decoder = getattr(runner, "decoder", None)
+    return bool(getattr(getattr(decoder, "drafter", None), "persistent_state", False))
+
+
+def fresh_drafter(runner: Any) -> None:
+    """Replace the runner's drafter by a fresh one like it (same options, shared weights), and
+    forget the rows of its batched decoder, so no state of earlier requests survives."""
+    from .batch import rebuild_drafter
+
+    runner.decoder.drafter = rebuild_drafter(runner.decoder)
+    batch = runner.__dict__.get("batch")
+    if batch is not None:
+        batch.forget_rows()
+
+
+class _StatePositions:
+    """Per arm, the (repeat, question index) its drafter's state was last advanced to."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, tuple[int, int]] = {}
+
+    def follows(self, arm: str, repeat: int, index: int) -> bool:
+        """True when the arm's last question was the one just before ``index`` in this repeat."""
+        return self._at.get(arm, (0, -1) if index == 0 and repeat == 0 else None) == (repeat, index - 1)
+
+    def mark(self, arm: str, repeat: int, index: int) -> None:
+        """The arm has now answered question ``index`` of ``repeat``."""
+        self._at[arm] = (repeat, index)
 
 
 def _generate(arm: ArmConfig, runner: Any, prompt: list[int], max_new_tokens: int, eos: set[int],

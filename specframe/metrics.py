@@ -223,7 +223,8 @@ def load_run(out_dir: str | Path) -> dict:
     meta = json.loads(run_dir.run_file.read_text(encoding="utf-8"))
     arms = {}
     for name in meta["arms"]:
-        records = read_answers(run_dir.answers(name))
+        # A file holds one arm's answers; a record of another arm (a name that slugs the same) is not this one's.
+        records = [r for r in read_answers(run_dir.answers(name)) if r.get("arm", name) == name]
         if records:
             arms[name] = records
     base = next((n for n in arms if meta["arms"][n].get("baseline") == "autoregressive"), None)

@@ -78,7 +78,7 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             holder = _read_holder(self.path)
-            if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", -1))):
+            if holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1))):
                 warn(f"output directory {self.path.parent} was locked by a run that is gone "
                      f"(pid {holder.get('pid')}); taking the lock over")
                 self.path.unlink(missing_ok=True)
@@ -107,7 +107,8 @@ def _read_holder(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True when a process with ``pid`` exists on this host (one we may not signal counts)."""
     if pid <= 0:
         return False
     try:

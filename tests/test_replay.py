@@ -179,8 +179,9 @@ def test_eagle3_replay_over_recorded_hidden_states_matches_live_in_float64(tmp_p
     states = target.causal_forward(torch.tensor(prompt + cont), True).hidden_states
     spy = _IndexSpy(states)
     make_plugin("drafters", spec, target).begin(torch.tensor(prompt), target_hidden=spy)
-    rel = save_hidden(tmp_path, 0, {i: states[i][0] for i in spy.read})
-    trace = Trace({}, {}, {"p": PromptTrace("p", prompt, cont, MAX_NEW, hidden_file=rel)}, path=tmp_path)
+    rel, sha1 = save_hidden(tmp_path, 0, {i: states[i][0] for i in spy.read})
+    trace = Trace({}, {}, {"p": PromptTrace("p", prompt, cont, MAX_NEW, hidden_file=rel, hidden_sha1=sha1)},
+                  path=tmp_path)
     replay_target = ReplayTarget(model, trace)
     replay_target.use(prompt)
     replay = SpecDecoder(replay_target, make_plugin("drafters", spec, replay_target), make_plugin("policies", policy),

@@ -21,7 +21,7 @@ observes it, so auto-sized policies see projected times, as they would see measu
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..interfaces import DraftSession, StepStats, TreePolicy
@@ -43,6 +43,7 @@ class StepModel:
         curve_scale: measured / curve target time of the recording run's steps (median): the
             trace's own curve, measured apart from the run, is scaled to the machine's state
             while recording; another machine's curve is taken as it is (1.0).
+        identity: the curve's key and content hash (run.json ties projected times to them).
     """
 
     curve: CostCurve
@@ -52,6 +53,7 @@ class StepModel:
     ar_ratio: float = 1.0
     prefill_from_curve: bool = False
     curve_scale: float = 1.0
+    identity: dict = field(default_factory=dict)
 
     def target_seconds(self, n: int, context: int) -> float:
         """T(n) with ``context - 1`` tokens cached (the root enters with the tree)."""

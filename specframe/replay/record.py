@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from ..config import ExperimentConfig
 from ..data import PromptEncoder, load_questions
 from ..engine import SpecDecoder, make_plugin
 from ..experiment import ModelPool, _no_loading_bars, load_tokenizer
+from ..runlock import pid_alive
 from ..target import TargetModel
 from .projection import fit_rest
 from .trace import PromptTrace, Trace, prompt_key, save_hidden
@@ -80,12 +83,23 @@ def hidden_layers(config: ExperimentConfig, pool: ModelPool, target: TargetModel
         return []
     target.reset()
     states = target.causal_forward(torch.tensor(prompt[:-1], device=target.device), True).hidden_states
-    read: set[int] = set()
-    for drafter in needing:
-        spy = _IndexSpy(states)
-        drafter.begin(torch.tensor(prompt, dtype=torch.long), target_hidden=spy)
-        read |= spy.read
-    return sorted(read)
+    return sorted(set().union(*(layers_read(d, prompt, states) for d in needing)))
+
+
+def layers_read(drafter: Any, prompt: list[int], states: Any) -> set[int]:
+    """The hidden-state layers ``drafter`` indexes when it begins ``prompt`` with ``states``."""
+    spy = _IndexSpy(states)
+    drafter.begin(torch.tensor(prompt, dtype=torch.long), target_hidden=spy)
+    return spy.read
+
+
+def placeholder_states(model: Any, positions: int) -> list[torch.Tensor]:
+    """Zero hidden states shaped like the model's own tuple (embeddings + one per layer), for
+    finding which layers a drafter reads without running the model."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    param = next(model.parameters())
+    zeros = torch.zeros(1, positions, int(cfg.hidden_size), dtype=param.dtype, device=param.device)
+    return [zeros] * (int(cfg.num_hidden_layers) + 1)
 
 
 def _extra_tokens(config: ExperimentConfig) -> int:
@@ -129,11 +143,53 @@ def _ar_ratio(target: TargetModel, prompts: list[list[int]], curve: Any, tokens:
 
 
 def record_trace(config: ExperimentConfig, out: str | Path, progress: bool = True, console: Any = None) -> Trace:
-    """Record ``config``'s target on every prompt of the experiment into ``out``."""
+    """Record ``config``'s target on every prompt of the experiment into ``out``.
+
+    The trace is written into a temporary directory beside ``out`` and renamed into place
+    when complete, so an interrupted recording leaves ``out`` as it was (an older trace, or
+    nothing), never an old trace.json beside new hidden states."""
+    final = Path(out)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale_temporaries(final)
+    work = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        trace = _record_into(config, work, progress, console)
+        swap_into_place(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    trace.path = final
+    return trace
+
+
+def swap_into_place(work: Path, final: Path) -> None:
+    """Rename the finished directory ``work`` to ``final``, replacing an older one: the old one
+    is renamed aside first and removed after, so a crash in between leaves a whole trace
+    under one of the two names (the aside one is found by :func:`clear_stale_temporaries`)."""
+    aside = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(work, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def clear_stale_temporaries(final: Path) -> None:
+    """Remove temporary and set-aside directories of ``final`` left by recordings that died
+    (their pid is gone); if ``final`` itself is missing, a set-aside whole trace comes back."""
+    for path in final.parent.glob(f".{final.name}.*-*"):
+        kind, _, pid = path.name[len(final.name) + 2:].partition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        if kind == "old" and not final.exists():
+            os.replace(path, final)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: Any) -> Trace:
     from ..experiment import _ProgressBar
     from ..profile import curve_for
 
-    out = Path(out)
     questions = load_questions(config.data.path, config.data.category, config.data.limit)
     threads = torch.get_num_threads()
     if config.threads:
@@ -217,7 +273,7 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
         target.reset()
         full = torch.tensor(prompt + cont, device=target.device)
         states = target.causal_forward(full, True).hidden_states
-        entry.hidden_file = save_hidden(out, index, {i: states[i][0] for i in layers})
+        entry.hidden_file, entry.hidden_sha1 = save_hidden(out, index, {i: states[i][0] for i in layers})
     return entry
 
 

@@ -9,6 +9,7 @@ report and plots are the usual ones (every table marks the arms as replayed).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,16 @@ import torch
 
 from ..baselines import ArmOutput
 from ..config import ArmConfig, ExperimentConfig
-from ..data import PromptEncoder, Question
+from ..data import Question
 from ..engine import SpecDecoder, make_plugin
 from ..errors import warn
-from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, load_tokenizer
+from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where
 from ..options import NoOptions
 from ..plugins import get_registry
 from ..profile import CostCurve
 from ..runs import RunFile
 from .projection import ProjectedPolicy, StepModel
-from .record import config_hash, experiment_settings
+from .record import config_hash, experiment_settings, layers_read, placeholder_states
 from .target import ReplayTarget, ReplayVerifier
 from .trace import Trace, TraceError
 
@@ -39,19 +40,55 @@ class ReplayError(ValueError):
 
 
 def step_model(trace: Trace, curve_path: str | Path | None = None) -> StepModel:
-    """The projection of ``trace``: its own curve, or the one at ``curve_path`` (another machine's)."""
+    """The projection of ``trace``: its own curve, or the one at ``curve_path`` (another machine's).
+
+    The model's ``identity`` names the curve by key and content hash (what run.json's
+    fingerprint ties the projected times to); a curve of another model is refused."""
     if curve_path is not None:
-        curve = CostCurve.from_json(Path(curve_path).read_text(encoding="utf-8"))
+        text = Path(curve_path).read_text(encoding="utf-8")
+        curve = _parse_curve(text, curve_path)
         source = f"{curve_path} ({curve.key})"
+        _check_curve_model(curve, trace, curve_path)
     else:
-        curve = trace.curve()
-        if curve is None:
+        text = trace.curve_text()
+        if text is None:
             raise TraceError(f"trace {trace.path} holds no cost curve: pass one with --curve")
+        curve = _parse_curve(text, trace.path)
         source = f"the trace's curve ({curve.key})"
     o = trace.overhead
-    return StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
-                     o.get("ar_ratio", 1.0) if curve_path is None else 1.0, prefill_from_curve=curve_path is not None,
-                     curve_scale=1.0 if curve_path is not None else o.get("curve_scale", 1.0))
+    model = StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
+                      o.get("ar_ratio", 1.0) if curve_path is None else 1.0, prefill_from_curve=curve_path is not None,
+                      curve_scale=1.0 if curve_path is not None else o.get("curve_scale", 1.0))
+    model.identity = {"key": curve.key, "sha1": hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]}
+    return model
+
+
+def _parse_curve(text: str, where: Any) -> CostCurve:
+    try:
+        return CostCurve.from_json(text)
+    except (ValueError, KeyError, TypeError) as err:
+        raise TraceError(f"cost curve {where} is not a valid curve: {err}") from err
+
+
+def _check_curve_model(curve: CostCurve, trace: Trace, where: Any) -> None:
+    """Refuse a curve measured on another model or dtype than the trace's (its key starts with
+    the model's name and config hash; device, threads and torch may differ: another machine)."""
+    label, dtype = trace.environment.get("model_label"), trace.environment.get("dtype")
+    parts = curve.key.split("_")
+    if not label or len(parts) < 3:
+        return  # a hand-made curve (tests, what-if projections) names no model to compare
+    if "-".join(_identity(parts[0])) != "-".join(_identity(label)) or parts[2] != dtype:
+        raise TraceError(f"cost curve {where} was measured for {parts[0]} ({parts[2]}), the trace's target is "
+                         f"{label} ({dtype}): measure one for this model (`specframe profile`)")
+
+
+def _identity(label: str) -> list[str]:
+    """``name-confighash`` of a model label (the kernel and attention suffixes dropped)."""
+    pieces = label.split("-")
+    for i, piece in enumerate(pieces):
+        if len(piece) == 10 and all(c in "0123456789abcdef" for c in piece):
+            return pieces[: i + 1]
+    return pieces
 
 
 def replayable_arms(config: ExperimentConfig) -> tuple[list[ArmConfig], list[str]]:
@@ -155,18 +192,22 @@ class ReplayExperiment(Experiment):
         self.exactness: dict[str, str] = {}
         self.runners: dict[str, Any] = {}
 
+    def fingerprint(self) -> dict:
+        """The experiment's fingerprint plus the identity of the trace and of the curve, so
+        answers replayed over another trace or priced by another curve are never reused, and
+        live answers (no ``replay`` key) never share the directory."""
+        return {**super().fingerprint(), "replay": {"trace": self.trace.identity(), "curve": self.model.identity}}
+
     def run(self) -> RunOutcome:
         """Build every arm over the replay target (leaving out those that cannot replay), run,
         then note in run.json that every arm was replayed, and how."""
         self._build()
         outcome = super().run()
-        run_file = RunFile(self.out_dir)
-        meta = run_file.read()
-        meta["replay"] = {"trace": str(self.trace.path), "projection": self.model.describe(),
-                          "curve": self.model.curve_source, "arms": self.exactness, "not_replayed": self.skipped,
-                          "replay_seconds": {name: r.seconds for name, r in self.runners.items()},
-                          "recorded": self.trace.environment}
-        run_file.write(meta)
+        RunFile(self.out_dir).update(replay={
+            "trace": str(self.trace.path), "projection": self.model.describe(), "curve": self.model.curve_source,
+            "arms": self.exactness, "not_replayed": self.skipped,
+            "replay_seconds": {name: r.seconds for name, r in self.runners.items()},
+            "recorded": self.trace.environment})
         return outcome
 
     def _build(self) -> None:
@@ -196,13 +237,14 @@ class ReplayExperiment(Experiment):
 
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config
-        encoder = PromptEncoder(load_tokenizer(cfg), cfg.data.chat_template)
-        self._skip_overflowing(encoder, self.target, questions)
+        encoder = self.encoder()
+        runners = {arm.name: self.runners[arm.name] for arm in arms}
+        self._skip_overflowing(encoder, self.target, questions, runners)
         eos: set[int] = set()
         if cfg.stop_at_eos and self.target.eos_token_id is not None:
             ids = self.target.eos_token_id
             eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
-        return encoder, self.target, {arm.name: self.runners[arm.name] for arm in arms}, eos
+        return encoder, self.target, runners, eos
 
     def _runner(self, arm: ArmConfig, pool: ModelPool, target: ReplayTarget) -> Any:
         if arm.baseline == "autoregressive":
@@ -210,8 +252,25 @@ class ReplayExperiment(Experiment):
             return ReplayAutoregressive(target, self.model)
         drafter = make_plugin("drafters", (arm.drafter.name, pool.substitute(arm.drafter.options)), target)
         self.exactness[arm.name] = check_drafter(drafter, arm_where(arm))
+        _check_layers_of(self.trace, drafter, target.model, arm_where(arm))
         policy = ProjectedPolicy(make_plugin("policies", (arm.policy.name, arm.policy.options)), self.model, target)
         return ReplayRunner(SpecDecoder(target, drafter, policy, ReplayVerifier(NoOptions())), target, self.model)
+
+
+def _check_layers_of(trace: Trace, drafter: Any, model: Any, where: str) -> None:
+    """Refuse, in one line naming the drafter and the layers, a drafter that reads hidden
+    layers the trace did not store (a head with other layer ids than the recorded ones)."""
+    if not getattr(drafter, "needs_target_hidden", False):
+        return
+    first = next(iter(trace.prompts.values()), None)
+    if first is None or len(first.prompt) < 2:
+        return
+    read = layers_read(drafter, first.prompt, placeholder_states(model, len(first.prompt) - 1))
+    missing = sorted(read - set(trace.hidden_layers))
+    if missing:
+        raise TraceError(f"{where}: drafter {drafter.name!r} reads hidden layers {missing}, which trace "
+                         f"{trace.path} does not hold (it stored {trace.hidden_layers}): record the trace "
+                         "with this drafter in the experiment file")
 
 
 def replay_experiment(config: ExperimentConfig, trace_dir: str | Path, out_dir: str | Path | None = None,

@@ -14,6 +14,7 @@ recorded continuation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from ..profile import CostCurve
 TRACE_FILE = "trace.json"
 CURVE_FILE = "curve.json"
 HIDDEN_DIR = "hidden"
-FORMAT = 1
+FORMAT = 2
 
 
 class TraceError(ValueError):
@@ -45,6 +46,7 @@ class PromptTrace:
         stop: tokens the run emits (EOS and max_new_tokens honoured): ``continuation[:stop]``.
         prefill_seconds: the live prefill's wall time when recorded.
         hidden_file: safetensors file of its hidden states (relative), or None.
+        hidden_sha1: that file's content hash (checked when it is read).
     """
 
     key: str
@@ -53,6 +55,7 @@ class PromptTrace:
     stop: int
     prefill_seconds: float = 0.0
     hidden_file: str | None = None
+    hidden_sha1: str | None = None
 
 
 @dataclass
@@ -96,24 +99,67 @@ class Trace:
             raise TraceError(f"{file} is damaged: {err}") from err
         if data.get("format") != FORMAT:
             raise TraceError(f"{file} has format {data.get('format')!r}, this specframe reads {FORMAT}: record it again")
-        return cls(data["environment"], data["settings"], prompts, data.get("overhead", {}),
-                   data.get("hidden_layers", []), path)
+        trace = cls(data["environment"], data["settings"], prompts, data.get("overhead", {}),
+                    data.get("hidden_layers", []), path)
+        trace._digest = hashlib.sha1(file.read_bytes()).hexdigest()[:16]
+        for prompt in prompts.values():
+            trace.check_hidden_shapes(prompt)
+        return trace
 
-    def curve(self) -> CostCurve | None:
-        """The recorded cost curve (None when the trace holds none)."""
+    def identity(self) -> dict:
+        """The trace's content hash: trace.json's, which holds every hidden file's hash, so a
+        re-recorded trace (new times, new states) has another identity."""
+        digest = getattr(self, "_digest", None)
+        if digest is None and self.path is not None and (self.path / TRACE_FILE).is_file():
+            digest = self._digest = hashlib.sha1((self.path / TRACE_FILE).read_bytes()).hexdigest()[:16]
+        return {"sha1": digest}
+
+    def curve_text(self) -> str | None:
+        """The recorded cost curve's JSON (None when the trace holds none)."""
         file = None if self.path is None else self.path / CURVE_FILE
         if file is None or not file.is_file():
             return None
-        return CostCurve.from_json(file.read_text(encoding="utf-8"))
+        return file.read_text(encoding="utf-8")
+
+    def curve(self) -> CostCurve | None:
+        """The recorded cost curve (None when the trace holds none)."""
+        text = self.curve_text()
+        return None if text is None else CostCurve.from_json(text)
+
+    def check_hidden_shapes(self, prompt: PromptTrace) -> None:
+        """Refuse a hidden file whose layers are not the recorded ones or whose rows are not one
+        per position of prompt + continuation (read from its header; no tensor is loaded)."""
+        if prompt.hidden_file is None or self.path is None:
+            return
+        from safetensors import safe_open
+
+        file = self.path / prompt.hidden_file
+        if not file.is_file():
+            raise TraceError(f"trace {self.path}: hidden states {prompt.hidden_file} of prompt {prompt.key!r} are "
+                             "missing: record the trace again")
+        with safe_open(str(file), framework="pt") as fh:
+            shapes = {name: fh.get_slice(name).get_shape() for name in fh.keys()}
+        want = {f"layer{i}" for i in self.hidden_layers}
+        rows = len(prompt.prompt) + len(prompt.continuation)
+        bad = [f"{n} {s}" for n, s in shapes.items() if len(s) != 2 or s[0] != rows]
+        if set(shapes) != want or bad:
+            raise TraceError(f"trace {self.path}: hidden states {prompt.hidden_file} of prompt {prompt.key!r} do not "
+                             f"match it (layers {sorted(shapes)}, expected {sorted(want)}; {rows} positions expected"
+                             + (f", got {', '.join(bad)}" if bad else "") + "): record the trace again")
 
     def hidden(self, prompt: PromptTrace, device: torch.device) -> dict[int, torch.Tensor]:
-        """``{layer index: [positions, hidden]}`` of ``prompt`` (empty when none were stored)."""
+        """``{layer index: [positions, hidden]}`` of ``prompt`` (empty when none were stored);
+        a file whose content is not the recorded one is refused."""
         if prompt.hidden_file is None or self.path is None:
             return {}
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
-        tensors = load_file(str(self.path / prompt.hidden_file), device=str(device))
-        return {int(name[len("layer"):]): t for name, t in tensors.items()}
+        data = (self.path / prompt.hidden_file).read_bytes()
+        if prompt.hidden_sha1 is not None and hashlib.sha1(data).hexdigest() != prompt.hidden_sha1:
+            raise TraceError(f"trace {self.path}: {prompt.hidden_file} is not the file recorded with trace.json "
+                             "(its hash differs): record the trace again")
+        tensors = load(data)
+        return {int(name[len("layer"):]): t.to(device) for name, t in tensors.items()}
 
     # ------------------------------------------------------------------ matching
     def check_matches(self, settings: dict) -> None:
@@ -144,11 +190,13 @@ def prompt_key(question_id: Any, turn: int) -> str:
     return f"{json.dumps(question_id)}/{turn}"
 
 
-def save_hidden(out: Path, index: int, layers: dict[int, torch.Tensor]) -> str:
-    """Write one prompt's hidden states; returns the path relative to the trace directory."""
-    from safetensors.torch import save_file
+def save_hidden(out: Path, index: int, layers: dict[int, torch.Tensor]) -> tuple[str, str]:
+    """Write one prompt's hidden states; returns the path relative to the trace directory
+    and the file's content hash."""
+    from safetensors.torch import save
 
     rel = f"{HIDDEN_DIR}/{index}.safetensors"
     (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
-    save_file({f"layer{i}": t.contiguous().cpu() for i, t in layers.items()}, str(out / rel))
-    return rel
+    data = save({f"layer{i}": t.contiguous().cpu() for i, t in layers.items()})
+    (out / rel).write_bytes(data)
+    return rel, hashlib.sha1(data).hexdigest()

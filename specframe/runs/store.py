@@ -7,12 +7,11 @@ next read or appended to. :func:`read_answers` is the one reader of answers file
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExperimentError, warn
+from ..errors import warn
+from .jsonl import append_line, open_for_append, read_lines
 from .layout import RunDir
 from .record import AnswerRecord, answer_key
 
@@ -35,20 +34,17 @@ class AnswerStore:
         return read_answers(self.path(arm))
 
     def done(self, arm: str) -> set[tuple[str, int]]:
-        """Keys ``(question_id as JSON, repeat)`` already answered by ``arm``."""
-        return {answer_key(r["question_id"], r["repeat"]) for r in self.read(arm)}
+        """Keys ``(question_id as JSON, repeat)`` already answered by ``arm`` (records of another
+        arm in its file, e.g. one whose name slugs the same, do not count)."""
+        return {answer_key(r["question_id"], r["repeat"]) for r in self.read(arm) if r.get("arm") == arm}
 
     def append(self, record: AnswerRecord) -> dict:
         """Write one record to its arm's file and make it durable before returning; the dict written."""
         fh = self._files.get(record.arm)
         if fh is None:
-            path = self.path(record.arm)
-            _drop_partial_line(path)
-            fh = self._files[record.arm] = path.open("a", encoding="utf-8")
+            fh = self._files[record.arm] = open_for_append(self.path(record.arm))
         data = record.to_dict()
-        fh.write(json.dumps(data) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+        append_line(fh, data)
         return data
 
     def close(self) -> None:
@@ -64,15 +60,6 @@ class AnswerStore:
         self.close()
 
 
-def _drop_partial_line(path: Path) -> None:
-    """Truncate a half-written last line (a crash mid-write) so appends stay valid JSONL."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
 def read_answers(path: str | Path) -> list[dict]:
     """Records of an answers file (dicts, see :class:`AnswerRecord`), each (arm, question, repeat) once.
 
@@ -80,23 +67,7 @@ def read_answers(path: str | Path) -> list[dict]:
     repeat) keeps its first record (e.g. two runs that once shared a directory); both warn.
     """
     path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                # interrupted write: the record was never finished
-                warn(f"{path}:{i + 1}: dropped a half-written last answer record (an interrupted run); "
-                     "it is recomputed on the next run")
-                break
-            raise ExperimentError(f"corrupt answer record ({path}:{i + 1}): delete the line, or rerun with --fresh")
-    return _unique_answers(out, path)
+    return _unique_answers(read_lines(path, "answer record"), path)
 
 
 def _unique_answers(records: list[dict], path: Path) -> list[dict]:
