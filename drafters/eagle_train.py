@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,9 +80,11 @@ class TrainConfig:
         return Path(self.work) if self.work else Path(self.out) / ".train-state"
 
     def resume_key(self) -> dict:
-        """Fields that must match to resume (budgets and output paths may change)."""
+        """Fields that must match to resume (budgets and output paths may change), as JSON values:
+        the state file stores it and must load with ``torch.load(weights_only=True)``, and a
+        tuple given for a list must compare equal to the list that comes back."""
         skip = {"steps", "minutes", "out", "work", "device", "checkpoint_every_s", "save_dtype"}
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}, default=str))
 
 
 # ---------------------------------------------------------------------- data
@@ -246,6 +249,20 @@ def _copy_target_output_layer(head: Any, model: Any) -> None:
             head.norm.weight.copy_(norm.weight)
 
 
+def load_state(path: Path, device: str) -> dict:
+    """The training state saved in ``path``, read with ``torch.load(weights_only=True)``: it holds
+    tensors and plain values only, and a file that holds anything else (pickled objects, which
+    could run code) is refused with the way out."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's message is a page of advice; its one line naming the object is what matters here.
+        lines = str(err).splitlines()
+        why = next((ln.strip() for ln in lines if "Unsupported global" in ln), lines[0].strip() if lines else "")
+        raise click.ClickException(f"{path} holds more than tensors and plain values ({why}); "
+                                   "delete it or use another --work directory") from None
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Run (or resume) training; write the head to ``cfg.out``; return a summary dict."""
     from .eagle_checkpoint import save_head
@@ -264,7 +281,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     state = {"step": 0, "elapsed": 0.0, "tokens": 0, "history": []}
     state_path = cfg.work_dir / "state.pt"
     if state_path.exists():
-        saved = torch.load(state_path, map_location=cfg.device, weights_only=False)
+        saved = load_state(state_path, cfg.device)
         if saved["config"] != cfg.resume_key():
             diff = sorted(k for k in cfg.resume_key() if saved["config"].get(k) != cfg.resume_key()[k])
             raise click.ClickException(f"{state_path} was made with different settings ({', '.join(diff)}); "
@@ -277,6 +294,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     def save() -> None:
         cfg.work_dir.mkdir(parents=True, exist_ok=True)
         tmp = state_path.with_suffix(".tmp")
+        # Tensors and plain values only (the RNG state is a uint8 tensor, the history lists of
+        # numbers), so that load_state can refuse to run code from the file.
         torch.save({"config": cfg.resume_key(), "head": head.state_dict(), "opt": opt.state_dict(),
                     "gen": gen.get_state(), "state": state}, tmp)
         os.replace(tmp, state_path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import torch
 
@@ -14,6 +14,9 @@ from specframe.pairs import check_same_tokenizer, model_source
 from specframe.selection import topk_per_row
 from specframe.target import TargetModel, load_causal_lm
 from specframe.tree import DraftTree
+
+#: What ``TargetModel.max_positions`` holds for a config that names no context length.
+_UNBOUNDED = 1 << 30
 
 
 @dataclass
@@ -37,6 +40,13 @@ class ModelDrafter(Drafter):
 
     Cache layout: committed tokens (all but the root) followed by the tree nodes forwarded in
     this step. A new node attends to the committed prefix, its forwarded ancestors and itself.
+
+    Attributes:
+        max_positions: the draft model's context length (its config's
+            ``max_position_embeddings``, or ``n_positions``), None when the config gives none.
+            Prompt and tree positions are 0-based, so a generation of ``prompt + max_new_tokens``
+            tokens fits when that sum is at most ``max_positions``. ``begin`` and ``expand``
+            raise ``ValueError`` before forwarding past it.
     """
 
     name = "model"
@@ -62,6 +72,10 @@ class ModelDrafter(Drafter):
             # equal vocabulary sizes do not make equal tokenizers.
             check_same_tokenizer(target_dir, model_source(model))
         self.lm = TargetModel(model)
+        self._name = _name_of(options.model, model, self.lm)
+        # TargetModel reads the context length as it does for the target; it stands _UNBOUNDED
+        # in for a config that gives none, which this attribute reports as None.
+        self.max_positions: int | None = None if self.lm.max_positions >= _UNBOUNDED else self.lm.max_positions
         self.committed: list[int] = []
         self.cached = 0
         self._kept: tuple[torch.Tensor, dict[int, int], int] | None = None  # commit's path, until read
@@ -76,12 +90,24 @@ class ModelDrafter(Drafter):
         return self.lm.vocab_size
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
-        """Reset the cache; the prompt is forwarded lazily with the first layer of the first tree."""
+        """Reset the cache; the prompt is forwarded lazily with the first layer of the first tree.
+
+        Raises ``ValueError`` when the prompt is longer than the draft model's positions."""
+        if self.max_positions is not None and prompt_ids.numel() > self.max_positions:
+            self._refuse(int(prompt_ids.numel()), "the prompt")
         self.lm.reset()
         self.committed = [int(t) for t in prompt_ids.tolist()]
         self.cached = 0
         self._kept = None
         self._new_step()
+
+    def _refuse(self, needed: int, what: str) -> NoReturn:
+        """Refuse, in one line, to forward ``what`` (needing ``needed`` positions) past the draft
+        model's context: a draft with fewer positions than the target would otherwise fail mid-run
+        inside the model (a position-embedding lookup out of range, or rotary values it never saw)."""
+        raise ValueError(f"draft model {self._name} has {self.max_positions} positions but "
+                         f"{what} needs {needed}: use a draft with as many positions as the target, "
+                         "or shorter prompts / max_new_tokens")
 
     def _new_step(self) -> None:
         # Tree node (index in the tree expand saw) -> slot in the tree region of the cache.
@@ -139,12 +165,16 @@ class ModelDrafter(Drafter):
         """The forward of ``todo``'s nodes, after the pending catch-up tokens on the first one."""
         dev = self.lm.device
         pending = self.committed[self.cached : len(self.committed) - 1] if self.tree_start is None else []
-        if self.tree_start is None:
-            self.tree_start = self.cached + len(pending)
         p, q = len(pending), len(todo)
         root_position = len(self.committed) - 1
-        tokens = torch.tensor(pending + [shape.tokens[i] for i in todo], dtype=torch.long).to(dev)
         positions = list(range(self.cached, self.cached + p)) + [root_position + shape.depths[i] for i in todo]
+        top = max(positions)  # a tree node's: catch-up tokens sit before the root
+        if self.max_positions is not None and top >= self.max_positions:  # before any state changes
+            self._refuse(top + 1, f"a draft tree {top - root_position} deep after {len(self.committed)} "
+                         "committed tokens")
+        if self.tree_start is None:
+            self.tree_start = self.cached + p
+        tokens = torch.tensor(pending + [shape.tokens[i] for i in todo], dtype=torch.long).to(dev)
         # Columns: forwarded tree slots of this step, then pending tokens, then the new nodes.
         slots = sorted(self.slot_of, key=self.slot_of.get)
         anc = tree.ancestor_mask().to(dev)
@@ -155,7 +185,7 @@ class ModelDrafter(Drafter):
         if slots:
             mask[p:, : len(slots)] = anc[todo_t][:, torch.tensor(slots).to(dev)]
         mask[p:, len(slots) + p :] = anc[todo_t][:, todo_t]
-        return _Query(tokens, torch.tensor(positions).to(dev), mask, max(positions), p, todo)
+        return _Query(tokens, torch.tensor(positions).to(dev), mask, top, p, todo)
 
     def _take(self, query: "_Query", logits: torch.Tensor) -> None:
         """Record the forward's ``[p + q, V]`` logits: the new nodes' log-probs and slots."""
@@ -202,6 +232,15 @@ class ModelDrafter(Drafter):
         self.lm.keep(start, torch.tensor(keep, dtype=torch.long),
                      contiguous=keep == list(range(len(keep))))  # known here: no device read
         self.cached = start + len(keep)
+
+
+def _name_of(given: Any, model: Any, lm: TargetModel) -> str:
+    """How the error messages name the draft model: the path or name it was given as, else the
+    directory it was loaded from, else its architecture."""
+    if isinstance(given, (str, bytes)) or hasattr(given, "__fspath__"):
+        return str(given)
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if name else lm.architecture
 
 
 @dataclass

