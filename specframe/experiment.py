@@ -358,7 +358,8 @@ class Experiment:
         run_file.check(cfg.name, self.fingerprint(), {a.name: a.describe() for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
                        target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
-                       protocol=PROTOCOL)
+                       protocol={**PROTOCOL, **{k: v for k, v in run_file.read().get("protocol", {}).items()
+                                                if k == "stateful_arms"}})
         overflowed = run_file.overflow_skipped_ids()
         questions = [q for q in questions if json.dumps(q.question_id) not in overflowed]
         store = AnswerStore(self.out_dir)
@@ -639,7 +640,13 @@ class Experiment:
             (self.console or Console(stderr=True)).print(text, markup=False)
 
     def _record_greedy(self, runners: dict) -> None:
-        RunFile(self.out_dir).record_greedy({name: bool(r.greedy) for name, r in runners.items()})
+        """Note the greedy arms, and the arms whose drafter keeps state across requests (the
+        report states the protocol they were timed under)."""
+        run_file = RunFile(self.out_dir)
+        run_file.record_greedy({name: bool(r.greedy) for name, r in runners.items()})
+        stateful = sorted(set(run_file.read().get("protocol", {}).get("stateful_arms", []))
+                          | {name for name, r in runners.items() if keeps_state(r)})
+        run_file.update(protocol={**PROTOCOL, "stateful_arms": stateful})
 
     def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
         """``warmup`` untimed generations of ``q`` per arm; then every drafter that keeps state

@@ -93,6 +93,11 @@ def notice_lines(summary: dict) -> list[str]:
                    "can differ from a live run's (docs/replay.md)")
         if replay.get("not_replayed"):
             out.append(f"not replayed: {', '.join(replay['not_replayed'])}")
+    protocol = summary.get("protocol") or {}
+    stateful = [a["name"] for a in summary["arms"] if a["name"] in protocol.get("stateful_arms", [])]
+    if stateful:
+        out.append(f"arms {', '.join(stateful)} draft with state kept across requests: "
+                   f"{protocol['state_across_requests']}; the warm-up: {protocol['warmup']}")
     for arm in summary["arms"]:
         cut = arm.get("budget_cuts") or {}
         if cut.get("steps"):
@@ -128,6 +133,8 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
         summary["replay"] = run["replay"]
         for arm in summary["arms"]:
             arm["replay"] = run["replay"]["arms"].get(arm["name"], True)
+    if run.get("protocol"):
+        summary["protocol"] = run["protocol"]
     if run_dir.divergences.exists():
         summary["divergences"] = json.loads(run_dir.divergences.read_text(encoding="utf-8"))
     write_json(run_dir.summary, summary)

@@ -67,7 +67,11 @@ def test_warmup_leaves_no_trace_and_each_repeat_starts_fresh(tmp_path) -> None:
         assert a[q, 1] == a[q, 0], f"repeat 2 of question {q} drafted with what repeat 1 taught"
     # The state does carry within a repeat: the drafter is not simply reset per question.
     meta = json.loads((cold / "out" / "run.json").read_text())
-    assert "state_across_requests" in meta["protocol"]
+    assert meta["protocol"]["stateful_arms"] == ["recycle"]
+    from specframe.report import write_report
+
+    write_report(cold / "out", plots=False)
+    assert "draft with state kept across requests" in (cold / "out" / "report.md").read_text()
 
 
 def test_a_resumed_repeat_rebuilds_the_state_it_would_have_had(tmp_path) -> None:
