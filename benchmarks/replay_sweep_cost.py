@@ -97,12 +97,16 @@ def main() -> None:
     run_experiment(dataclasses.replace(sweep.base, arms=sample), args.out / "live", progress=False)
     print(f"live sample: {len(sample)} configurations in {time.perf_counter() - start:.1f} s")
     live = _live_seconds(args.out / "live", [a.name for a in sample])
-    replay = {r["name"]: r["replay_seconds"] for r in rows}
+    failed = [r["name"] for r in rows if r.get("failed")]
+    if failed:
+        print(f"left out, failed: {', '.join(failed)}")
+    replay = {r["name"]: r["replay_seconds"] for r in rows if not r.get("failed")}
     for drafter, arms in by_drafter.items():
         points = [(_budget(a), live[a.name]) for a in arms if a.name in live]
         per_budget: dict[int, list] = defaultdict(list)
         for a in arms:
-            per_budget[_budget(a)].append((replay[a.name], live.get(a.name, _line(points, _budget(a)))))
+            if a.name in replay:
+                per_budget[_budget(a)].append((replay[a.name], live.get(a.name, _line(points, _budget(a)))))
         total_r = sum(r for v in per_budget.values() for r, _ in v)
         total_l = sum(lv for v in per_budget.values() for _, lv in v)
         print(f"\n{drafter}: {len(arms)} configurations; live sampled at budgets {[p[0] for p in points]}: "

@@ -171,9 +171,9 @@ class BatchDecoder:
         ids = [_as_prompt(p) for p in prompts]
         for b, prompt in enumerate(ids):
             need = len(prompt) + max_new_tokens
-            if need > dec.target.max_positions:
+            if need > dec.max_positions:
                 raise ValueError(f"prompt {b} ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) "
-                                 f"= {need} exceeds the target's {dec.target.max_positions} positions")
+                                 f"= {need} exceeds the {dec.max_positions} positions of the target and draft model")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
         width = len(ids) if max_live is None else min(max_live, len(ids))
@@ -278,7 +278,7 @@ class BatchDecoder:
         """Every row's tree under the allocator's budgets, trimmed to the batch budget; and each
         row's policy time (its build less its drafting)."""
         dec = self.decoder
-        caps = [min(r.policy.max_budget, dec.target.max_positions - (len(r.committed) - 1)) for r in rows]
+        caps = [min(r.policy.max_budget, dec.max_positions - (len(r.committed) - 1)) for r in rows]
         total = self.allocator.total(caps)
         if total < len(rows):
             raise ValueError(f"allocator {self.allocator.name!r}: batch budget {total} is below the "

@@ -190,14 +190,24 @@ def record_command(config: Path, out: Path, progress: bool) -> None:
 @click.option("--workers", type=int, default=None, help="Local processes (default: CPU count, at most 4).")
 @click.option("--curve", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Project times with this cost curve (JSON) instead of the trace's.")
+@click.option("--fail-fast", is_flag=True,
+              help="Stop at the first failed configuration (no further chunk starts) instead of recording "
+                   "it and going on.")
+@click.option("--fresh", is_flag=True, help="Discard the output directory's rows and chunks instead of resuming.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
 def sweep_command(sweep_file: Path, trace_dir: Path, out: Path | None, ray_address: str | None,
-                  workers: int | None, curve: Path | None, progress: bool) -> None:
-    """Replay every configuration of SWEEP_FILE (a base experiment plus a [sweep] grid) over a
-    trace; write one table, Pareto plots and the best configuration per category."""
+                  workers: int | None, curve: Path | None, fail_fast: bool, fresh: bool, progress: bool) -> None:
+    """Replay every configuration of SWEEP_FILE (a base experiment plus a [grid] table of
+    option values) over a trace; write one table, Pareto plots and the best configuration per
+    category.
+
+    A configuration that fails is recorded with its error and the sweep goes on; the failed
+    ones are listed at the end and the exit code is 1. Rerunning the same command resumes:
+    it replays only the failed and missing configurations. Rows of another base experiment,
+    trace or curve are refused (--fresh discards them)."""
     from .replay.cli import sweep_config
 
-    sweep_config(sweep_file, trace_dir, out, ray_address, workers, curve, progress, _console())
+    sweep_config(sweep_file, trace_dir, out, ray_address, workers, curve, progress, _console(), fail_fast, fresh)
 
 
 @cli.command("demo")

@@ -37,6 +37,26 @@ class ContextError(RuntimeError):
         super().__init__(format_error(what, where, fix))
         self.what, self.where, self.fix, self.cause = what, where, fix, cause
 
+    def __reduce__(self) -> tuple:
+        """Pickle from the parts (``args`` holds only the formatted message, which ``__init__``
+        cannot take), so the error crosses process boundaries (sweep workers, Ray tasks)."""
+        extra = {k: v for k, v in self.__dict__.items() if k not in ("what", "where", "fix", "cause")}
+        return type(self), (self.what, self.where, self.fix, _portable(self.cause)), extra or None
+
+
+def _portable(err: BaseException | None) -> BaseException | None:
+    """``err`` if it survives a pickle round trip, else None (the message keeps its text):
+    a plugin's exception with its own ``__init__`` often does not."""
+    import pickle
+
+    if err is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return None
+    return err
+
 
 def format_error(what: str, where: str | None, fix: str | None) -> str:
     """``<what> (<where>): <how to fix>``, leaving out the parts that are empty."""

@@ -50,10 +50,15 @@ def replay_config(config_path: Path, trace_dir: Path, out: Path | None, curve: P
 
 
 def sweep_config(sweep_path: Path, trace_dir: Path, out: Path | None, ray_address: str | None,
-                 workers: int | None, curve: Path | None, progress: bool, console: Any) -> None:
-    """Run a sweep with a progress bar; print its table and the best configuration per category."""
+                 workers: int | None, curve: Path | None, progress: bool, console: Any,
+                 fail_fast: bool = False, fresh: bool = False) -> None:
+    """Run a sweep with a progress bar; print its table, the best configuration per category
+    and the failed configurations (then exit 1: a failed configuration is no result)."""
     from ..config import ConfigError
-    from .sweep import RAY_MISSING, done_names, load_sweep, run_sweep
+    from ..errors import ExperimentError
+    from ..runlock import DirectoryInUseError
+    from .trace import TraceError
+    from .sweep import RAY_MISSING, done_names, is_failure, load_sweep, run_sweep
 
     if ray_address is not None:
         try:
@@ -66,10 +71,27 @@ def sweep_config(sweep_path: Path, trace_dir: Path, out: Path | None, ray_addres
         raise click.ClickException(one_line(err)) from err
     out_dir = out or sweep.out_dir
     workers = workers or min(os.cpu_count() or 1, 4)
-    done = len(done_names(out_dir) & {c.name for c in sweep.configs})
-    with _bar(len(sweep.configs), done, progress, console) as advance:
-        rows = run_sweep(sweep, trace_dir, out_dir, ray_address, workers, curve, on_done=lambda r: advance(len(r)))
-    rows = [r for r in rows if r["name"] in {c.name for c in sweep.configs}]
+    names = {c.name for c in sweep.configs}
+    done = 0 if fresh else len(done_names(out_dir, sweep.configs))
+    try:
+        with _bar(len(sweep.configs), done, progress, console) as advance:
+            rows = run_sweep(sweep, trace_dir, out_dir, ray_address, workers, curve,
+                             on_done=lambda r: advance(len(r)), fail_fast=fail_fast, fresh=fresh)
+    except (DirectoryInUseError, ExperimentError, TraceError) as err:
+        raise click.ClickException(one_line(err)) from None
+    rows = [r for r in rows if r["name"] in names]
+    succeeded = [r for r in rows if not is_failure(r)]
+    if succeeded:
+        _print_successes(succeeded, out_dir, console)
+    failed = [r for r in rows if is_failure(r)]
+    not_run = len(names) - len(rows)
+    _print_failures(failed, not_run, fail_fast, out_dir, console)
+    if failed or not_run:
+        raise click.exceptions.Exit(1)
+
+
+def _print_successes(rows: list[dict], out_dir: Path, console: Any) -> None:
+    """The table, the best configuration per category, and best.json and the plots written."""
     console.print(sweep_table(rows))
     best = best_per_category(rows)
     for cat, row in best.items():
@@ -77,6 +99,20 @@ def sweep_config(sweep_path: Path, trace_dir: Path, out: Path | None, ray_addres
     figures = pareto_plots(rows, out_dir / "plots")
     (out_dir / "best.json").write_text(json.dumps(best, indent=1) + "\n", encoding="utf-8")
     console.print(f"Results: {out_dir / 'results.jsonl'}; plots: {', '.join(str(f) for f in figures)}", markup=False)
+
+
+def _print_failures(failed: list[dict], not_run: int, fail_fast: bool, out_dir: Path, console: Any) -> None:
+    """Each failed configuration with its error, and how many never ran (--fail-fast)."""
+    if failed:
+        console.print(f"failed configurations ({len(failed)}):", markup=False)
+        for row in failed:
+            console.print(f"  {row['name']}: {row['error']}", markup=False)
+    if not_run:
+        why = " (--fail-fast: stopped at the first failure)" if fail_fast else ""
+        console.print(f"{not_run} configuration(s) not run{why}", markup=False)
+    if failed or not_run:
+        console.print(f"Rerun the same command to replay only these ({out_dir / 'results.jsonl'} keeps the rest).",
+                      markup=False)
 
 
 class _bar:
@@ -102,10 +138,11 @@ class _bar:
 
 
 def sweep_table(rows: list[dict]) -> Any:
-    """One table of every configuration (every row is replayed, and says so)."""
+    """One table of every configuration that succeeded (every row is replayed, and says so)."""
     from rich.markup import escape
     from rich.table import Table
 
+    rows = _successes(rows)
     table = Table(title="sweep (replay: projected times)")
     for col in ("configuration", "drafter", "policy", "tau", "delta", "tokens/s (projected)", "speedup (projected)"):
         table.add_column(col, justify="left" if col in ("configuration", "drafter", "policy") else "right")
@@ -117,7 +154,9 @@ def sweep_table(rows: list[dict]) -> Any:
 
 
 def best_per_category(rows: list[dict]) -> dict[str, dict]:
-    """The configuration of highest projected speedup, overall and in each category."""
+    """The configuration of highest projected speedup, overall and in each category (failed
+    configurations have no speedup and are left out)."""
+    rows = _successes(rows)
     best: dict[str, dict] = {}
     cats = sorted({c for r in rows for c in r["categories"]})
     for cat in ["overall", *cats]:
@@ -136,6 +175,7 @@ def pareto_plots(rows: list[dict], where: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = _successes(rows)
     where.mkdir(parents=True, exist_ok=True)
     cats = ["overall", *sorted({c for r in rows for c in r["categories"]})]
     paths = []
@@ -167,6 +207,11 @@ def pareto_plots(rows: list[dict], where: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _successes(rows: list[dict]) -> list[dict]:
+    """The rows with metrics (a failure row has only the configuration and its error)."""
+    return [r for r in rows if not r.get("failed")]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

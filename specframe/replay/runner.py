@@ -20,7 +20,7 @@ from ..baselines import ArmOutput
 from ..config import ArmConfig, ExperimentConfig
 from ..data import Question
 from ..engine import SpecDecoder, make_plugin
-from ..errors import warn
+from ..errors import ContextError, one_line, warn
 from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where
 from ..options import NoOptions
 from ..plugins import get_registry
@@ -230,6 +230,11 @@ class ReplayExperiment(Experiment):
                 except ReplayError as err:
                     left_out.append(f"{arm.name} (its drafter {arm.drafter.name!r} does not replay)")
                     warn(f"not replayed: {err}")
+                except (TraceError, ContextError):
+                    raise
+                except Exception as err:  # a drafter or policy that cannot be built: name the arm
+                    raise ContextError(f"cannot build the arm: {one_line(err)}", arm_where(arm),
+                                       "fix this arm's drafter / policy options in the experiment file", err) from err
         self.skipped += left_out
         if not any(a.baseline is None and a.name in self.runners for a in cfg.arms):
             raise ReplayError("no specframe arm of the experiment can be replayed (see the warnings above)")
