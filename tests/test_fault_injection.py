@@ -22,30 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe.runs import RunDir, read_answers
-from specframe.testing.fixtures import TINY_PAIR_TOML
+from specframe.testing.fixtures import tiny_experiment_toml
 
-CONFIG = """
-name = "faults"
-max_new_tokens = 8
-warmup = 0
-stop_at_eos = false
-threads = 1
-""" + TINY_PAIR_TOML + """
-[[arm]]
-baseline = "autoregressive"
-
-[[arm]]
-policy = "talon"
-policy_options = { budget = 6, mu = 0.03 }
-
-[[arm]]
-policy = "chain"
-drafter = "ngram"
-policy_options = { gamma = 3 }
-
-[data]
-path = "prompts.jsonl"
-"""
+CONFIG = tiny_experiment_toml("faults", 8)
 
 SWEEP = """
 base = "exp.toml"

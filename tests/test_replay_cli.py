@@ -9,33 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from specframe.cli import cli
-from specframe.testing.fixtures import TINY_PAIR_TOML
+from specframe.testing.fixtures import tiny_experiment_toml
 
-CONFIG = """
-name = "tiny-replay"
-max_new_tokens = 10
-warmup = 0
-stop_at_eos = false
-threads = 1
-""" + TINY_PAIR_TOML + """
-[[arm]]
-baseline = "autoregressive"
-
-[[arm]]
-policy = "talon"
-policy_options = { budget = 6, mu = 0.03 }
-
-[[arm]]
-policy = "chain"
-drafter = "ngram"
-policy_options = { gamma = 3 }
-
-[data]
-path = "prompts.jsonl"
-
-[output]
-dir = "live"
-"""
+CONFIG = tiny_experiment_toml("tiny-replay", 10, output="live")
 
 SWEEP = """
 base = "exp.toml"

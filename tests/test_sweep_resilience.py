@@ -25,25 +25,9 @@ from specframe.errors import SpecframeWarning
 from specframe.replay import sweep as sweep_module
 from specframe.replay.sweep import chunks, load_sweep, read_results, run_sweep
 from specframe.runlock import RunLock
-from specframe.testing.fixtures import TINY_PAIR_TOML
+from specframe.testing.fixtures import tiny_experiment_toml
 
-CONFIG = """
-name = "tiny-sweep"
-max_new_tokens = 8
-warmup = 0
-stop_at_eos = false
-threads = 1
-""" + TINY_PAIR_TOML + """
-[[arm]]
-baseline = "autoregressive"
-
-[[arm]]
-policy = "talon"
-policy_options = { budget = 6, mu = 0.03 }
-
-[data]
-path = "prompts.jsonl"
-"""
+CONFIG = tiny_experiment_toml("tiny-sweep", 8, ngram_arm=False)
 
 #: The configuration the injected fault breaks (see ``fault``).
 FAULTY = "talon[budget=5,mu=0.1]"

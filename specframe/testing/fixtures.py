@@ -44,6 +44,18 @@ options = { model = "draft" }
 """
 
 
+def tiny_experiment_toml(name: str, max_new_tokens: int, ngram_arm: bool = True, output: str | None = None) -> str:
+    """An experiment file over the tiny pair that replays: autoregressive, ``talon`` (N = 6)
+    and, with ``ngram_arm``, ``ngram+chain`` (gamma 3), on ``prompts.jsonl`` beside it."""
+    ngram = '\n[[arm]]\npolicy = "chain"\ndrafter = "ngram"\npolicy_options = { gamma = 3 }\n' if ngram_arm else ""
+    out = f'\n[output]\ndir = "{output}"\n' if output else ""
+    return (f'name = "{name}"\nmax_new_tokens = {max_new_tokens}\nwarmup = 0\nstop_at_eos = false\nthreads = 1\n'
+            + TINY_PAIR_TOML
+            + '\n[[arm]]\nbaseline = "autoregressive"\n\n[[arm]]\npolicy = "talon"\n'
+              'policy_options = { budget = 6, mu = 0.03 }\n'
+            + ngram + '\n[data]\npath = "prompts.jsonl"\n' + out)
+
+
 @lru_cache(maxsize=None)
 def tiny_target(seed: int = TARGET_SEED, vocab_size: int = VOCAB, layers: int = 2, arch: str = "llama") -> Any:
     """A cached tiny random transformers causal LM in float64 (exact greedy equality holds)."""
