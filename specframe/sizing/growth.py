@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
 import torch
 
@@ -26,9 +26,6 @@ from specframe.interfaces import DraftSession
 from specframe.tree import DraftTree
 
 from .calibration import deeper
-
-if TYPE_CHECKING:
-    from .sizer import AutoSizer
 
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many
@@ -41,6 +38,15 @@ class GrowthControl:
     :class:`~specframe.sizing.AutoSizer` (which inherits it and supplies the cost model, the
     calibration and the tree being grown)."""
 
+    # Supplied by the sizer that inherits this half (AutoSizer and its CostModel): the size
+    # limit, the tree being grown and its scoring, the layer timing and the growth test.
+    max_size: int
+    _host: Any
+    calibration: Any
+    grown: Callable[[DraftTree], Any]
+    worth_growing: Callable[..., bool]
+    layer_done: Callable[..., None]
+
     def __init__(self, start_cap: int) -> None:
         self.start_cap = min(int(start_cap), self.max_size)
         self._guesses: list[tuple[int, float, int | None]] = []  # this step's (depth, guess, cell)
@@ -49,6 +55,23 @@ class GrowthControl:
         self._realised: dict[int | None, float] = {}
         self.kept: deque[int] = deque(maxlen=WINDOW)
         self.dry = 0  # consecutive steps where no size paid for its drafting in steady state
+
+    def layer_stops(self, tree: DraftTree, new_nodes: torch.Tensor, session: DraftSession, last: bool = False) -> bool:
+        """True when the layer just added should be the last: even its best node, at its
+        calibrated path probability, would not pay for another layer. ``last``: the policy stops
+        here anyway (its tree is full): the layer is read and timed, and no guess is made.
+
+        Reads what the sizer supplies (see the annotations at the top of the class)."""
+        start = len(self._host) if self._host is not None else 1
+        host = self.grown(tree)  # the policy's one read per layer
+        stop = last
+        best = max(range(start, len(host)), key=lambda i: host.cal[i], default=None)
+        if best is not None and not last:
+            cell = deeper(host.cells[best])
+            stop = not self.worth_growing(math.exp(host.cal[best]), math.exp(self.calibration.log_c()[cell]),
+                                          len(tree), getattr(session, "context_len", None), host.depths[best], cell)
+        self.layer_done(last=stop)  # the layer's read and check are part of its cost
+        return stop
 
     @property
     def cap(self) -> int:
@@ -128,24 +151,13 @@ class GrowthControl:
         return session.new_tree()
 
 
-def stop_growing(sizer: AutoSizer | None, tree: DraftTree, new_nodes: torch.Tensor, session: DraftSession,
+def stop_growing(sizer: GrowthControl | None, tree: DraftTree, new_nodes: torch.Tensor, session: DraftSession,
                  last: bool = False) -> bool:
     """True when ``sizer`` judges that the layer just added (the nodes appended since the last
-    call) should be the last: even its best node, at its calibrated path probability, would not
-    pay for another layer. ``last``: the policy stops here anyway (its tree is full): the layer
-    is read and timed, and no guess is made."""
+    call) should be the last (:meth:`GrowthControl.layer_stops`); ``last`` alone without a sizer."""
     if sizer is None or not len(new_nodes):
         return last
-    start = len(sizer._host) if sizer._host is not None else 1
-    host = sizer.grown(tree)  # the policy's one read per layer
-    stop = last
-    best = max(range(start, len(host)), key=lambda i: host.cal[i], default=None)
-    if best is not None and not last:
-        cell = deeper(host.cells[best])
-        stop = not sizer.worth_growing(math.exp(host.cal[best]), math.exp(sizer.calibration.log_c()[cell]),
-                                       len(tree), getattr(session, "context_len", None), host.depths[best], cell)
-    sizer.layer_done(last=stop)  # the layer's read and check are part of its cost
-    return stop
+    return sizer.layer_stops(tree, new_nodes, session, last)
 
 
 class Growth:
@@ -159,7 +171,7 @@ class Growth:
         auto: whether a sizer chooses the size (the policy's tree is then pruned after ``grow``).
     """
 
-    def __init__(self, nodes: int, budget: int, sizer: AutoSizer | None = None,
+    def __init__(self, nodes: int, budget: int, sizer: GrowthControl | None = None,
                  session: DraftSession | None = None) -> None:
         self.nodes, self.budget = int(nodes), int(budget)
         self.sizer, self.session = sizer, session
