@@ -60,3 +60,22 @@ def test_markers_are_registered(pytester, marker):
     ''')
     result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_conformance_options_reach_the_plugins_that_take_them() -> None:
+    from specframe.testing.conformance import conformance_classes
+
+    classes = conformance_classes(dist="specframe", kinds=("policies",), options={"budget": "auto"})
+    assert classes["TestPolicy_talon"].plugin == ("talon", {"budget": "auto"})
+    assert classes["TestPolicy_static"].plugin != ("static", {"budget": "auto"})  # static takes no budget
+
+
+def test_conformance_options_that_no_plugin_takes_are_refused() -> None:
+    from click.testing import CliRunner
+
+    from specframe.cli import cli
+
+    result = CliRunner().invoke(cli, ["conformance", "--dist", "specframe", "--options", '{"bogus": 1}'])
+    assert result.exit_code == 1 and "no selected plugin takes all of these keys" in result.output
+    result = CliRunner().invoke(cli, ["conformance", "--options", "[1]"])
+    assert result.exit_code == 1 and "must be a JSON object" in result.output

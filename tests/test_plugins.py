@@ -115,3 +115,13 @@ def test_duplicate_plugin_names_are_reported(fresh_registry):
 def test_unknown_plugin_lists_available(fresh_registry):
     with pytest.raises(specframe.PluginError, match="unknown policy 'nope'; available policies: .*chain"):
         specframe.get_registry().get("policies", "nope")
+
+
+def test_plugins_lists_the_batch_allocators() -> None:
+    from specframe.batch_allocate import allocator_classes
+
+    result = CliRunner().invoke(cli, ["plugins"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "batch allocators" in result.output
+    for name in allocator_classes():
+        assert name in result.output

@@ -241,8 +241,11 @@ class TreePolicyConformance(_Conformance):
         sizer keeps is valid, prefix-closed and within ``max_budget``, and the sizer's build cap
         stays within it too."""
         policy = self.make_policy()
-        if not (isinstance(policy, AutoSizedPolicy) and policy.auto_size):
-            pytest.skip("not an auto-sized policy")
+        if not isinstance(policy, AutoSizedPolicy):
+            pytest.skip("not an AutoSizedPolicy: it cannot size its trees with budget = \"auto\"")
+        if not policy.auto_size:
+            pytest.skip(f"an AutoSizedPolicy with a fixed size under these options ({_options_text(policy)}): "
+                        "run it with budget = \"auto\" (specframe conformance --options '{\"budget\": \"auto\"}')")
         rng = torch.Generator().manual_seed(seed)
         for step in range(steps):
             session = make_session(drafter, generator=torch.Generator().manual_seed(step))
@@ -638,12 +641,15 @@ _PREFIX = {"policies": "Policy", "drafters": "Drafter", "verifiers": "Verifier"}
 
 
 def conformance_classes(dist: str | None = None, module: str | None = None,
-                        kinds: Iterable[str] = ("policies", "drafters", "verifiers")) -> dict[str, type]:
+                        kinds: Iterable[str] = ("policies", "drafters", "verifiers"),
+                        options: dict | None = None) -> dict[str, type]:
     """One ``Test<Kind>_<name>`` conformance class per registered plugin (of ``dist`` if given).
 
     ``specframe conformance`` and specframe's own tests use this: put the result in a test
     module's namespace (``globals().update(conformance_classes("my-dist", __name__))``).
     specframe's built-ins get their settings from :data:`fixtures.BUILTIN_SETTINGS`.
+    ``options``: plugin options (e.g. ``{"budget": "auto"}``) for every plugin whose options
+    take all of these keys (:func:`takes_options`), over its own settings; the others keep theirs.
     """
     from specframe.plugins import SINGULAR, get_registry, normalise_dist
 
@@ -658,6 +664,27 @@ def conformance_classes(dist: str | None = None, module: str | None = None,
                                                 f"{info.name!r} from {info.dist}."}
             if normalise_dist(info.dist) == "specframe":
                 attrs.update(fx.BUILTIN_SETTINGS.get((kind, info.name), {}))
+            if options and takes_options(info.cls, options):
+                own = attrs["plugin"][1] if isinstance(attrs["plugin"], tuple) else {}
+                attrs["plugin"] = (info.name, {**own, **options})
             name = f"Test{_PREFIX[kind]}_{re.sub(r'[^0-9A-Za-z_]', '_', info.name)}"
             classes[name] = type(name, (_BASES[kind],), attrs)
     return classes
+
+
+def takes_options(cls: type, options: dict) -> bool:
+    """True when the plugin class's options dataclass has every key of ``options``."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls.Options)} if dataclasses.is_dataclass(cls.Options) else set()
+    return set(options) <= names
+
+
+def _options_text(plugin: Any) -> str:
+    """``budget=60, mu=0.03``: a plugin's option values, for messages."""
+    import dataclasses
+
+    opts = getattr(plugin, "options", None)
+    if opts is None or not dataclasses.is_dataclass(opts):
+        return "default options"
+    return ", ".join(f"{f.name}={getattr(opts, f.name)!r}" for f in dataclasses.fields(opts))
