@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from .errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
-from .options import describe_options
+from .options import describe_options, takes_options
 from .plugins import KINDS, SINGULAR, get_registry, normalise_dist
 
 #: Added to errors we did not anticipate, which are most likely a plugin's or specframe's bug.
@@ -427,14 +427,12 @@ def conformance_command(dist: str | None, options_json: str | None, pytest_args:
             f"distribution {dist!r} registers no specframe plugins; distributions with plugins: "
             f"{', '.join(dists) or '(none)'}"
         )
-    from .testing.conformance import takes_options
-
     label = dist or "every distribution"
     options = _conformance_options(options_json, found, reg)
     click.echo(f"specframe conformance: {len(found)} plugin(s) of {label}: "
                + ", ".join(f"{SINGULAR[kind]} {name}" for kind, name, _ in found))
     if options:
-        takers = [name for kind, name, _ in found if takes_options(reg.get(kind, name), options)]
+        takers = [name for kind, name, _ in found if takes_options(reg.get(kind, name).Options, options)]
         click.echo(f"with options {json.dumps(options)}: {', '.join(takers)}")
     with tempfile.TemporaryDirectory(prefix="specframe-conformance-") as tmp:
         module = Path(tmp) / "test_specframe_conformance.py"
@@ -458,9 +456,7 @@ def _conformance_options(text: str | None, found: list, reg: Any) -> dict | None
         raise click.ClickException(f"--options is not JSON ({err}): give an object, e.g. '{{\"budget\": \"auto\"}}'")
     if not isinstance(options, dict):
         raise click.ClickException(f"--options must be a JSON object, got {text!r}")
-    from .testing.conformance import takes_options
-
-    if not any(takes_options(reg.get(kind, name), options) for kind, name, _ in found):
+    if not any(takes_options(reg.get(kind, name).Options, options) for kind, name, _ in found):
         valid = {f"{SINGULAR[kind]} {name}": sorted(f.name for f in fields(reg.get(kind, name).Options))
                  for kind, name, _ in found if is_dataclass(reg.get(kind, name).Options)}
         raise click.ClickException(f"--options {sorted(options)}: no selected plugin takes all of these keys; "

@@ -140,3 +140,9 @@ def describe_options(options_cls: type) -> list[tuple[str, str, Any]]:
         hint = hints.get(f.name, Any)
         out.append((f.name, getattr(hint, "__name__", str(hint)).replace("typing.", ""), default))
     return out
+
+
+def takes_options(options_cls: type, keys: Mapping[str, Any]) -> bool:
+    """True when the options dataclass ``options_cls`` has every key of ``keys``."""
+    names = {f.name for f in dataclasses.fields(options_cls)} if dataclasses.is_dataclass(options_cls) else set()
+    return set(keys) <= names

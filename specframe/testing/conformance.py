@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 
 from specframe.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
+from specframe.options import takes_options
 from specframe.selection import topk_per_row
 from specframe.sizing import AutoSizedPolicy
 from specframe.step_read import read_step
@@ -649,7 +650,7 @@ def conformance_classes(dist: str | None = None, module: str | None = None,
     module's namespace (``globals().update(conformance_classes("my-dist", __name__))``).
     specframe's built-ins get their settings from :data:`fixtures.BUILTIN_SETTINGS`.
     ``options``: plugin options (e.g. ``{"budget": "auto"}``) for every plugin whose options
-    take all of these keys (:func:`takes_options`), over its own settings; the others keep theirs.
+    take all of these keys (:func:`specframe.options.takes_options`), over its own settings; the others keep theirs.
     """
     from specframe.plugins import SINGULAR, get_registry, normalise_dist
 
@@ -664,20 +665,12 @@ def conformance_classes(dist: str | None = None, module: str | None = None,
                                                 f"{info.name!r} from {info.dist}."}
             if normalise_dist(info.dist) == "specframe":
                 attrs.update(fx.BUILTIN_SETTINGS.get((kind, info.name), {}))
-            if options and takes_options(info.cls, options):
+            if options and takes_options(info.cls.Options, options):
                 own = attrs["plugin"][1] if isinstance(attrs["plugin"], tuple) else {}
                 attrs["plugin"] = (info.name, {**own, **options})
             name = f"Test{_PREFIX[kind]}_{re.sub(r'[^0-9A-Za-z_]', '_', info.name)}"
             classes[name] = type(name, (_BASES[kind],), attrs)
     return classes
-
-
-def takes_options(cls: type, options: dict) -> bool:
-    """True when the plugin class's options dataclass has every key of ``options``."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls.Options)} if dataclasses.is_dataclass(cls.Options) else set()
-    return set(options) <= names
 
 
 def _options_text(plugin: Any) -> str:
