@@ -20,6 +20,10 @@ def register_drafters(register):
 
     register(NgramDrafter)
 
+    from .suffix import SuffixDrafter
+
+    register(SuffixDrafter)
+
     from .recycle import RecycleDrafter
 
     register(RecycleDrafter)
