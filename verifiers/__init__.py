@@ -7,7 +7,11 @@ from specframe.plugins import hookimpl
 def register_verifiers(register):
     """Register the built-in verifiers."""
     from .greedy import GreedyVerifier
+    from .margin import MarginVerifier
     from .sampling import SamplingVerifier
+    from .typical import TypicalVerifier
 
     register(GreedyVerifier)
     register(SamplingVerifier)
+    register(TypicalVerifier)
+    register(MarginVerifier)

@@ -8,7 +8,7 @@ carries the draft distributions they were drawn from (``tree.draft_probs``).
 One rule covers the three drafting modes (speculative sampling: Leviathan et al., arXiv 2211.17192;
 i.i.d. children: SpecInfer, arXiv 2305.09781; children drawn without replacement: recursive
 speculative decoding, arXiv 2402.14160; deterministic top-k / gated children: EAGLE-2,
-arXiv 2406.16858, and Sequoia, arXiv 2402.12374; docs/sampling.md has the table). At an accepted node
+arXiv 2406.16858, and Sequoia, arXiv 2402.12374; docs/verifiers.md has the table). At an accepted node
 with residual R, the i-th child c_i was proposed from a distribution q_i and is accepted iff
 ``u_i * q_i(c_i) < R(c_i)`` (probability min(1, R/q)); on rejection ``R = norm(max(0, R - q_i))``:
 

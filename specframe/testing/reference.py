@@ -7,7 +7,7 @@ the vectorised version to it (tests/test_greedy.py, tests/test_sampling_verifier
 author does the same for their own verifier):
 
 * :func:`greedy_walk`: follow the target's argmax child by child;
-* :func:`sample_accept_reference`: the acceptance table of docs/sampling.md, sibling by sibling;
+* :func:`sample_accept_reference`: the acceptance table of docs/verifiers.md, sibling by sibling;
 * :class:`GreedyReferenceVerifier` / :class:`SamplingReferenceVerifier`: those walks as
   verifier instances the engine can run (``SpecDecoder.build(verifier=Sampling...(options))``),
   for end-to-end comparisons; they read the device at every node, so they are slow on a GPU;
@@ -103,7 +103,7 @@ class GreedyReferenceVerifier(Verifier):
 
 # ---------------------------------------------------------------------------- sampling
 def sample_accept_reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-    """Slow, literal walk of the acceptance table in docs/sampling.md, given warped target
+    """Slow, literal walk of the acceptance table in docs/verifiers.md, given warped target
     ``probs`` [n, V] and ``uniforms`` [n] (u[0]: the bonus draw, u[i]: node i's test); the
     reference for ``specframe.verifiers.sampling.sample_accept_batch``."""
     mode = tree.drafting
