@@ -3,10 +3,9 @@ method via Arctic Inference), model-free.
 
 Two structures (:mod:`specframe.drafters.suffix_tree`): a per-request index over prompt +
 committed tokens, and (``global_tree``) a global one over the outputs of this instance's
-earlier ``generate`` calls. The engine has no end-of-generation call, so the previous
-generation's output (its committed tokens after its prompt: the drafter keeps the prompt's
-length) joins the global index at the next ``begin``. At most ``max_cached_requests`` outputs
-are kept; the oldest is evicted first.
+earlier ``generate`` calls: each generation's output joins it at :meth:`SuffixDrafter.finish`,
+exactly as emitted (cut at ``max_new_tokens`` and EOS). At most ``max_cached_requests``
+outputs are kept; the oldest is evicted first.
 
 At a node u the query is the committed sequence followed by the path root -> u. Each structure
 gives the counts of the tokens that followed the longest suffix of the query it holds
@@ -27,9 +26,8 @@ drafter's rule; ``fallback_prob = 0`` leaves the row all ``-inf``). Rows are sub
 
 Replay: ``"exact"``. Drafts depend only on the committed tokens and on earlier outputs fed in
 a fixed order; an experiment runs its questions in data-file order, from a fresh drafter per
-repeat after the warm-up, in live and replayed runs alike. The global index stores each
-generation's committed tokens, past the stop included: replay reproduces them while the trace's
-extra tokens cover the last tree (docs/replay.md).
+repeat after the warm-up, in live and replayed runs alike, and the global index stores each
+generation's emitted output, which replay reproduces token for token (docs/replay.md).
 
 Cost: ``commit`` indexes O(max_match) keys per token; a row costs O(log max_match) dict probes
 per structure, memoised per step by path, plus the sort of its few candidates.
@@ -122,7 +120,6 @@ class SuffixDrafter(Drafter):
         self.persistent_state = bool(options.global_tree)
         self.cache = OutputCache(options.max_match, options.max_cached_requests)
         self.request = RequestIndex(options.max_match)
-        self.prompt_len = 0
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -132,14 +129,11 @@ class SuffixDrafter(Drafter):
         self._rows: dict[tuple[int, ...], Ranked] = {}
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
-        """Move the previous generation's output into the global index (no end-of-generation
-        call exists), then index the new prompt."""
-        if self.options.global_tree:
-            self.cache.add(self.request.tokens[self.prompt_len :])
+        """Index the new prompt (a fresh per-request index; the global one keeps what
+        :meth:`finish` gave it)."""
         prompt = torch.as_tensor(prompt_ids).flatten().tolist()
         self.request = RequestIndex(self.options.max_match)
         self.request.extend(prompt)
-        self.prompt_len = len(prompt)
         self._reset_step()
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
@@ -147,6 +141,12 @@ class SuffixDrafter(Drafter):
         """Index the newly committed tokens (accepted drafts + bonus)."""
         self.request.extend(torch.as_tensor(tokens).flatten().tolist())
         self._reset_step()
+
+    def finish(self, output_ids: torch.Tensor) -> None:
+        """The generation's output, exactly as emitted (cut at max_new_tokens and EOS), joins
+        the global index."""
+        if self.options.global_tree:
+            self.cache.add(torch.as_tensor(output_ids).flatten().tolist())
 
     # ------------------------------------------------------------------ rows
     def distribution(self, path: tuple[int, ...]) -> tuple[int, dict[int, float]]:

@@ -345,6 +345,7 @@ class BatchDecoder:
             priced = row.policy.wants_batch_curve
             row.policy.observe(self._row_share(stats, len(rows)) if priced else stats)
             if path is None:
+                row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
                 row.out.wall_time = time.perf_counter() - start
             else:
                 live.append(row)

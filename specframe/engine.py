@@ -237,6 +237,7 @@ class SpecDecoder:
             if eos and emitted[-1] in eos:
                 out.stopped_at_eos = True
                 break
+        self.drafter.finish(torch.tensor(out.tokens, dtype=torch.long))
         out.wall_time = time.perf_counter() - start
         return out
 

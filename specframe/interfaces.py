@@ -146,6 +146,12 @@ class Drafter(ABC):
         ``[len(tree), V]`` logits (row i: the target's prediction after node i), on the device.
         """
 
+    def finish(self, output_ids: torch.Tensor) -> None:
+        """A generation ended: ``output_ids`` (``[T]`` long, on the CPU) are exactly the tokens
+        it emitted, cut at ``max_new_tokens`` and at EOS as the caller received them (the last
+        ``commit`` may have carried more). A drafter that learns across requests
+        (``persistent_state``) keeps what it learns from here; the default does nothing."""
+
 
 def wants_prompt_logits(drafter: Drafter) -> bool:
     """Whether the prefill must compute logits at every prompt position for ``drafter``'s

@@ -61,9 +61,10 @@ def is_fallback(row: dict[int, float]) -> bool:
 
 
 def generate(drafter: SuffixDrafter, prompt: list[int], output: list[int]) -> None:
-    """What the engine does for one generation whose committed output is ``output``."""
+    """What the engine does for one generation whose committed and emitted output is ``output``."""
     drafter.begin(torch.tensor(prompt))
     drafter.commit(torch.tensor(output))
+    drafter.finish(torch.tensor(output))
 
 
 # ---------------------------------------------------------------------- per request
@@ -266,3 +267,28 @@ class TestSuffixConformance(DrafterConformance):
 
 class TestSuffixConformanceNoGlobal(DrafterConformance):
     plugin = ("suffix", {"global_tree": False, "min_token_prob": 0.0, "max_spec_factor": 4.0})
+
+
+# ---------------------------------------------------------------------- end of generation
+def test_the_global_index_holds_each_output_exactly_as_emitted(cases):
+    """The engine's finish call hands over the emitted tokens, cut at max_new_tokens, not the
+    last step's whole commit (which may run past the cut)."""
+    _, model, prompt, _ = cases[0]
+    dec = specframe.SpecDecoder.build(target=model, drafter=("suffix", {}), policy=("chain", {"gamma": 6}))
+    seen = []
+    for cut in (3, 5):
+        out = dec.generate(torch.tensor(prompt), max_new_tokens=cut, eos_token_id=None)
+        seen.append(out.tokens)
+    assert [len(t) for t in seen] == [3, 5]
+    assert [list(o) for o in dec.drafter.cache.outputs] == seen
+
+
+def test_every_row_of_a_batch_finishes_with_its_emitted_output(cases):
+    from specframe.batch import generate_batch
+
+    _, model, prompt, _ = cases[0]
+    dec = specframe.SpecDecoder.build(target=model, drafter=("suffix", {}), policy=("chain", {"gamma": 4}))
+    prompts = [prompt, prompt[:-1]]
+    res = generate_batch(dec, prompts, max_new_tokens=4, eos_token_id=None)
+    outputs = sorted(list(o) for b in dec._batch_decoders.values() for d in b._drafters for o in d.cache.outputs)
+    assert outputs == sorted(o.tokens for o in res.outputs)
