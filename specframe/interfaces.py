@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .options import BudgetOptions, NoOptions
-from .tree import DraftTree
+from .tree import DRAFTING_MODES, DraftTree
 
 if TYPE_CHECKING:
     from .target import TargetModel
@@ -285,6 +285,9 @@ class Verifier(ABC):
     Options: ClassVar[type] = NoOptions
     lossless: ClassVar[bool] = True
     sampling: ClassVar[bool] = False
+    #: The drafting modes (``DraftTree.drafting``) it verifies; a tree of another mode is
+    #: refused in one line (Traversal Verification's proof covers sampled trees only).
+    drafting_modes: ClassVar[tuple[str, ...]] = DRAFTING_MODES
 
     def __init__(self, options: Any) -> None:
         self.options = options

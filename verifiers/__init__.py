@@ -9,9 +9,11 @@ def register_verifiers(register):
     from .greedy import GreedyVerifier
     from .margin import MarginVerifier
     from .sampling import SamplingVerifier
+    from .traversal import TraversalVerifier
     from .typical import TypicalVerifier
 
     register(GreedyVerifier)
     register(SamplingVerifier)
+    register(TraversalVerifier)
     register(TypicalVerifier)
     register(MarginVerifier)

@@ -30,6 +30,7 @@ makes the suite slow.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import re
@@ -476,6 +477,20 @@ class DrafterConformance(_Conformance):
 
 
 # ====================================================================== verifiers
+def verified_mode(verifier: Verifier, tree: DraftTree, gen: torch.Generator, vocab: int = 16) -> DraftTree:
+    """``tree`` as it is, or, when ``verifier`` does not verify its drafting mode
+    (``Verifier.drafting_modes``), the same tree declared as drawn without replacement (or the
+    verifier's first mode) from a random full-support draft over ``vocab`` tokens, so every
+    verifier meets the same shapes of tree."""
+    modes = getattr(verifier, "drafting_modes", DRAFTING_MODES)
+    if tree.drafting in modes:
+        return tree
+    mode = "without_replacement" if "without_replacement" in modes else modes[0]
+    q = torch.softmax(torch.randn(len(tree), vocab, generator=gen, dtype=torch.float64), dim=-1)
+    return dataclasses.replace(tree, drafting=mode, draft_probs=q)
+
+
+
 #: Shapes of the fixed trees of the distribution property: parent of each node (node 0 = root).
 _DIST_SHAPE = [-1, 0, 0, 0, 1, 1, 4]   # root -> 3 children; first child -> 2; its first -> 1
 _DIST_CHAIN = [-1, 0, 1, 2]            # i.i.d. drafting: one child per node (no duplicate siblings)
@@ -557,6 +572,7 @@ class VerifierConformance(_Conformance):
         verifier = self.make_verifier()
         gen = torch.Generator().manual_seed(seed)
         logits = torch.randn(len(tree), 16, generator=gen, dtype=torch.float64) * 2
+        tree = verified_mode(verifier, tree, gen)
         verdict = decide(verifier, tree, logits, gen)  # also checks verify's (last, bonus) form
         path = verdict.accepted_path.tolist()
         assert path and path[0] == 0, f"accepted path {path} does not start at the root"
@@ -584,6 +600,7 @@ class VerifierConformance(_Conformance):
         same generator state gives the same decision (a seeded run is reproducible)."""
         verifier = self.make_verifier()
         logits = torch.randn(len(tree), 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+        tree = verified_mode(verifier, tree, torch.Generator().manual_seed(seed + 2))
         last, bonus = verifier.verify(tree, logits, torch.Generator().manual_seed(seed + 1))
         again = decide(verifier, tree, logits, torch.Generator().manual_seed(seed + 1))
         assert (int(last), int(bonus)) == (int(again.accepted_path[-1]), again.bonus_token), (
@@ -594,8 +611,9 @@ class VerifierConformance(_Conformance):
             getattr(packed, f) == getattr(plain, f) for f in fields), (
             f"the engine's packed read {packed} differs from the host reference {plain}")
 
-    def _cases(self) -> Iterable[tuple[str, torch.Tensor, Any]]:
-        """Distribution cases: (drafting mode, target logits, tree or tree sampler)."""
+    def _cases(self, modes: Iterable[str] = DRAFTING_MODES) -> Iterable[tuple[str, torch.Tensor, Any]]:
+        """Distribution cases: (drafting mode, target logits, tree or tree sampler), for the
+        drafting modes in ``modes`` (the random draws are the same whichever are asked)."""
         gen = torch.Generator().manual_seed(2026)
         v = _DIST_VOCAB
         for mode in DRAFTING_MODES:
@@ -603,7 +621,8 @@ class VerifierConformance(_Conformance):
             logits = torch.randn(len(shape), v, generator=gen, dtype=torch.float64) * 1.5
             # A draft that disagrees with the target often, so rejections and residuals matter.
             q = torch.softmax(torch.randn(len(shape), v, generator=gen, dtype=torch.float64) * 1.5, dim=-1)
-            yield mode, logits, TreeSampler(shape, q, mode)
+            if mode in modes:
+                yield mode, logits, TreeSampler(shape, q, mode)
 
     @pytest.mark.statistical
     def test_emitted_distribution_matches_the_target(self):
@@ -625,7 +644,7 @@ class VerifierConformance(_Conformance):
         """
         verifier = self.make_verifier()
         failures = []
-        for mode, logits, sampler in self._cases():
+        for mode, logits, sampler in self._cases(getattr(verifier, "drafting_modes", DRAFTING_MODES)):
             probs = self.reference_probs(verifier, logits)
             gen_tree, gen_verify = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
             counts: dict[tuple[int, ...], int] = {}

@@ -124,6 +124,9 @@ BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 } | {
     # Greedy decoding is the sampling verifier with only the argmax left after warping.
     ("verifiers", "sampling"): {"greedy_plugin": ("sampling", {"top_k": 1})},
+    # Traversal Verification verifies sampled trees only: its end-to-end runs draft them.
+    ("verifiers", "traversal"): {"greedy_plugin": ("traversal", {"top_k": 1}),
+                                 "engine_policy": ("sampled-tree", {"k": 2, "depth": 3})},
 }
 
 
