@@ -187,3 +187,13 @@ def test_eagle3_replay_over_recorded_hidden_states_matches_live_in_float64(tmp_p
     replay = SpecDecoder(replay_target, make_plugin("drafters", spec, replay_target), make_plugin("policies", policy),
                          ReplayVerifier(NoOptions())).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
     _assert_same(live, replay)
+
+
+@pytest.mark.parametrize("name, why", [("sampling", "samples"), ("traversal", "samples"), ("typical", "is lossy"),
+                                       ("margin", "is lossy"), ("greedy", None)])
+def test_verifiers_that_read_more_than_the_greedy_continuation_are_refused(name, why) -> None:
+    from specframe.plugins import get_registry
+    from specframe.replay.runner import unreplayable_verifier
+
+    found = unreplayable_verifier(get_registry().get("verifiers", name))
+    assert (found is None) if why is None else found.startswith(why)

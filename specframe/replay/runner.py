@@ -92,7 +92,7 @@ def _identity(label: str) -> list[str]:
 
 
 def replayable_arms(config: ExperimentConfig) -> tuple[list[ArmConfig], list[str]]:
-    """``(arms to replay, names of baselines left out)``; a sampling verifier is refused."""
+    """``(arms to replay, names of baselines left out)``; a sampling or lossy verifier is refused."""
     keep, skipped = [], []
     for arm in config.arms:
         if arm.baseline == "autoregressive":
@@ -101,12 +101,24 @@ def replayable_arms(config: ExperimentConfig) -> tuple[list[ArmConfig], list[str
         if arm.baseline is not None:
             skipped.append(arm.name)
             continue
-        cls = get_registry().get("verifiers", arm.verifier.name)
-        if getattr(cls, "sampling", False):
-            raise ReplayError(f"arm {arm.name!r}: verifier {arm.verifier.name!r} samples; replay is greedy-only "
-                              "(a sampled verdict depends on the target's whole distribution, which a trace does not hold)")
+        why = unreplayable_verifier(get_registry().get("verifiers", arm.verifier.name))
+        if why:
+            raise ReplayError(f"arm {arm.name!r}: verifier {arm.verifier.name!r} {why}; replay is greedy-only: run the "
+                              "arm live")
         keep.append(arm)
     return keep, skipped
+
+
+def unreplayable_verifier(cls: type) -> str | None:
+    """Why a verifier class cannot be replayed (None when it can): a trace holds the target's
+    greedy continuation only, so a verdict that reads more of the target's distribution (a
+    sampled one, or a lossy rule's thresholds) cannot be decided from it."""
+    if not getattr(cls, "lossless", True):
+        return ("is lossy (it accepts tokens by thresholds on the target's whole distribution at each node, "
+                "which a greedy trace does not hold)")
+    if getattr(cls, "sampling", False):
+        return "samples (a sampled verdict depends on the target's whole distribution, which a trace does not hold)"
+    return None
 
 
 def check_drafter(drafter: Any, where: str) -> str:
