@@ -309,6 +309,10 @@ _BRANCHING_WIDTHS = st.builds(lambda first, rest: [first, *rest], st.integers(2,
                               st.lists(st.integers(1, 3), min_size=1, max_size=2))
 
 
+#: Earlier generations that fill a ``persistent_state`` drafter before its properties run.
+SEASONING_PROMPTS = ([5, 9, 12, 5, 9, 12, 5], [30, 2, 17, 30, 2, 4, 9])
+
+
 class DrafterConformance(_Conformance):
     """Properties every drafter must have (``plugin`` names a registered drafter).
 
@@ -329,11 +333,24 @@ class DrafterConformance(_Conformance):
     def _target(self) -> TargetModel:
         return TargetModel(fx.tiny_target())
 
+    def make_seasoned_drafter(self, target: TargetModel) -> Drafter:
+        """:meth:`make_drafter`, and for a drafter that keeps state across requests
+        (``persistent_state``) two earlier generations run through the engine first, so the
+        properties that use it hold for a drafter whose state is filled, not only a fresh one."""
+        drafter = self.make_drafter(target)
+        if getattr(drafter, "persistent_state", False):
+            dec = SpecDecoder(target, drafter, make_plugin("policies", ("chain", {"gamma": 3})),
+                              make_plugin("verifiers", "greedy"), strict=True)
+            for prompt in SEASONING_PROMPTS:
+                dec.generate(torch.tensor(prompt), max_new_tokens=8, eos_token_id=None)
+        return drafter
+
     def test_expand_rows_are_log_distributions(self):
         """``expand`` gives ``[len(nodes), V_target]`` log-probs: no NaN or +inf, at least one
-        finite entry per row, total probability at most 1."""
+        finite entry per row, total probability at most 1 (after earlier generations, for a
+        drafter with ``persistent_state``)."""
         target = self._target()
-        drafter = self.make_drafter(target)
+        drafter = self.make_seasoned_drafter(target)
         assert drafter.vocab_size == target.vocab_size, f"vocab_size {drafter.vocab_size} != target's {target.vocab_size}"
         for committed in ([7], [4, 9, 12, 30, 2, 17, 9, 12]):
             begin_generation(drafter, target, committed)
@@ -349,10 +366,11 @@ class DrafterConformance(_Conformance):
     def test_expand_top_equals_the_selection_over_its_rows(self):
         """``expand_top(tree, nodes, k)`` returns exactly ``topk_per_row(expand(tree, nodes), k)``
         (the default does; an override that skips the dense rows must agree, ties included).
-        Two fresh drafters grow the same tree in lock-step, one through each call."""
+        Two drafters grow the same tree in lock-step, one through each call (fresh, or after the
+        same earlier generations for a drafter with ``persistent_state``)."""
         target = self._target()
         for committed in ([7], [4, 9, 12, 30, 2, 17, 9, 12, 30]):
-            dense, sparse = self.make_drafter(target), self.make_drafter(target)
+            dense, sparse = self.make_seasoned_drafter(target), self.make_seasoned_drafter(target)
             begin_generation(dense, target, committed)
             begin_generation(sparse, target, committed)
             tree, frontier = DraftTree.root(committed[-1], device=target.device), [0]
@@ -400,14 +418,16 @@ class DrafterConformance(_Conformance):
         it), so what a drafter keeps between steps is checked too. A drafter that declares
         ``needs_target_logits`` or ``learns_from_verdicts`` learns from the target at every
         verified node, rejected ones included, which no fresh drafter can know: its reference
-        is a copy of itself as the step began."""
+        is a copy of itself as the step began; so is that of a drafter with ``persistent_state``,
+        checked after earlier generations have filled its state."""
         model = fx.tiny_target()
         target, reference = TargetModel(model), TargetModel(model)
-        drafter = self.make_drafter(target)
+        drafter = self.make_seasoned_drafter(target)
+        own_reference = learns_from_verdicts(drafter) or getattr(drafter, "persistent_state", False)
         committed = list(prompt)
         begin_generation(drafter, target, committed)
         for step in range(steps):
-            snapshot = copy.deepcopy(drafter) if learns_from_verdicts(drafter) else None
+            snapshot = copy.deepcopy(drafter) if own_reference else None
             tree, rows = grow_tree(DraftSession(drafter, committed[-1], target.device), widths)
             for node, row in rows.items():
                 path = [int(tree.tokens[i]) for i in tree.path_to(node)[1:]]
