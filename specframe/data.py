@@ -2,6 +2,8 @@
 
 Accepted lines: Spec-Bench's ``{"question_id", "category", "turns": [...]}`` or a plain
 ``{"prompt": "..."}`` (question_id defaults to the line number, category to ``default``).
+Either may carry a reference ``answer`` (a number or a string) that task accuracy is scored
+against (:mod:`specframe.accuracy`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Question:
-    """One prompt: an id, a category and one or more user turns."""
+    """One prompt: an id, a category, one or more user turns and an optional reference answer."""
 
     question_id: Any
     category: str
     turns: tuple[str, ...]
+    answer: Any = None  # a number or a string; None when the question has no reference
 
 
 def _parse_line(obj: Any, where: str, line_no: int) -> Question:
@@ -46,7 +49,11 @@ def _parse_line(obj: Any, where: str, line_no: int) -> Question:
     category = obj.get("category", DEFAULT_CATEGORY)
     if not isinstance(category, str):
         raise DataError(f"{where}: 'category' must be a string, got {category!r}")
-    return Question(qid, category, tuple(turns))
+    answer = obj.get("answer")
+    # bool is an int subclass, but true/false is no reference answer.
+    if answer is not None and (not isinstance(answer, (int, float, str)) or isinstance(answer, bool)):
+        raise DataError(f"{where}: 'answer' must be a number or a string, got {answer!r}")
+    return Question(qid, category, tuple(turns), answer)
 
 
 def load_questions(

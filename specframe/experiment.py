@@ -360,6 +360,9 @@ class Experiment:
                        target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
                        protocol={**PROTOCOL, **{k: v for k, v in run_file.read().get("protocol", {}).items()
                                                 if k == "stateful_arms"}})
+        references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}
+        if references:  # what the report scores answers against (task accuracy)
+            run_file.update(references={**run_file.read().get("references", {}), **references})
         overflowed = run_file.overflow_skipped_ids()
         questions = [q for q in questions if json.dumps(q.question_id) not in overflowed]
         store = AnswerStore(self.out_dir)

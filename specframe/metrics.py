@@ -10,7 +10,10 @@ Definitions (pinned in docs/experiments.md):
 - target forwards per token = target forwards / tokens (= 1 / tau);
 - acceptance funnel: for every (depth, sibling rank), the fraction of verification steps whose
   accepted path holds a node of that depth and rank;
-- mismatches: for greedy arms, answers whose tokens differ from the autoregressive arm's.
+- mismatches: for greedy arms, answers whose tokens differ from the autoregressive arm's;
+- accuracy: share of answers whose last turn's text holds the question's reference answer
+  (:mod:`specframe.accuracy`), over answers whose question has one; references come from
+  run.json's ``"references"`` (question id as JSON -> answer), absent when there are none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .accuracy import score
 from .runs import RunDir, answer_key as _key, read_answers
 
 ALL = "all"
@@ -179,13 +183,35 @@ def by_category(records: list[dict]) -> dict[str, list[dict]]:
     return {ALL: list(records), **{k: groups[k] for k in sorted(groups)}}
 
 
-def arm_metrics(records: list[dict], base: list[dict] | None, greedy: bool) -> dict:
+def last_turn_text(record: dict) -> str:
+    """The decoded text of an answer's last turn ("" when it has none)."""
+    turns = record["choices"][0].get("turns") or [""]
+    return str(turns[-1])
+
+
+def accuracy(records: list[dict], references: dict[str, object] | None) -> dict | None:
+    """``{"accuracy", "correct", "scored"}`` of ``records`` against ``references``.
+
+    ``references``: question id (as JSON) -> reference answer. Only answers whose question has
+    a reference are scored; None when none has (so "no reference" never reads as 0%).
+    """
+    if not references:
+        return None
+    pairs = [(last_turn_text(r), references.get(json.dumps(r["question_id"]))) for r in records]
+    return score(pairs)
+
+
+def arm_metrics(records: list[dict], base: list[dict] | None, greedy: bool,
+                references: dict[str, object] | None = None) -> dict:
     """Every table metric of one arm over ``records`` (one category or all)."""
     out = totals(records)
     if base is not None:
         out.update(speedup(records, base))
         if greedy:
             out.update(mismatches(records, base))
+    acc = accuracy(records, references)
+    if acc is not None:
+        out.update(acc)
     return out
 
 
@@ -194,11 +220,12 @@ def summarize(run: dict) -> dict:
     arms = run["arms"]
     base_name = run.get("baseline")
     base = arms.get(base_name) if base_name else None
+    references = run.get("references") or {}
     out_arms = []
     for name, records in arms.items():
         greedy = bool(run["greedy"].get(name, False))
         base_groups = by_category(base) if base is not None else {}
-        cats = {cat: arm_metrics(recs, base_groups.get(cat, []) if base is not None else None, greedy)
+        cats = {cat: arm_metrics(recs, base_groups.get(cat, []) if base is not None else None, greedy, references)
                 for cat, recs in by_category(records).items()}
         out_arms.append({
             "name": name, "greedy": greedy, "description": run["descriptions"].get(name, {}),
@@ -218,7 +245,11 @@ def budget_cuts(records: Iterable[dict]) -> dict:
 
 
 def load_run(out_dir: str | Path) -> dict:
-    """Records of every arm of a run directory, in the config's arm order, plus its metadata."""
+    """Records of every arm of a run directory, in the config's arm order, plus its metadata.
+
+    run.json's keys come along as they are, among them ``"references"`` (question id as JSON ->
+    reference answer) when the questions carry answers.
+    """
     run_dir = RunDir(out_dir)
     meta = json.loads(run_dir.run_file.read_text(encoding="utf-8"))
     arms = {}

@@ -11,14 +11,32 @@ from .runs import RunDir, write_json
 
 COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
            "target fwd/token", "mismatches vs AR")
+ACCURACY = "accuracy"  # shown after COLUMNS only when some arm was scored against references
+
+
+def with_accuracy(summary: dict) -> bool:
+    """Whether any arm of ``summary`` has an accuracy (its questions carry reference answers)."""
+    return any("accuracy" in a["overall"] for a in summary["arms"])
+
+
+def columns(summary: dict) -> tuple[str, ...]:
+    """The table columns of ``summary``: :data:`COLUMNS`, plus accuracy when there is one."""
+    return COLUMNS + ((ACCURACY,) if with_accuracy(summary) else ())
+
+
+def accuracy_cell(metrics: dict) -> str:
+    """``"0.75 (15/20)"``: the share correct and the count; "-" without references."""
+    if metrics.get("accuracy") is None:
+        return "-"
+    return f"{metrics['accuracy']:.2f} ({metrics['correct']}/{metrics['scored']})"
 
 
 def _num(value: Any, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def row(arm: dict, metrics: dict, baseline: str | None) -> list[str]:
-    """One table row: the columns of :data:`COLUMNS` as text."""
+def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False) -> list[str]:
+    """One table row: the columns of :data:`COLUMNS` as text, and the accuracy if ``accuracy``."""
     sp = metrics.get("speedup")
     speed = "-" if sp is None else (f"{sp:.2f}" + (f" ± {metrics['speedup_std']:.2f}" if metrics.get("speedup_std") else ""))
     ci = metrics.get("speedup_ci")
@@ -34,11 +52,11 @@ def row(arm: dict, metrics: dict, baseline: str | None) -> list[str]:
         arm["name"] + (" (replay)" if arm.get("replay") else ""), str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
         _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
         _num(metrics["target_forwards_per_token"], 3), mism,
-    ]
+    ] + ([accuracy_cell(metrics)] if accuracy else [])
 
 
-def _md_table(rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[str]:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return lines
 
@@ -46,6 +64,8 @@ def _md_table(rows: list[list[str]]) -> list[str]:
 def markdown(summary: dict, figures: dict[str, str]) -> str:
     """The report text."""
     base = summary.get("baseline")
+    acc = with_accuracy(summary)
+    cols = columns(summary)
     lines = [
         f"# Experiment: {summary.get('name')}", "",
         f"Target `{summary.get('target')}`, max_new_tokens {summary.get('max_new_tokens')}, "
@@ -58,13 +78,14 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         rep = summary["replay"]
         lines[-3:-3] = [f"Arms marked (replay) were replayed over the trace `{rep['trace']}` without running the "
                         f"target (docs/replay.md); their times are projected: {rep['projection']}.", ""]
-    lines += _md_table([row(a, a["overall"], base) for a in summary["arms"]])
+    lines += _md_table([row(a, a["overall"], base, acc) for a in summary["arms"]], cols)
     categories = sorted({c for a in summary["arms"] for c in a["categories"]})
     if len(categories) > 1:
         lines += ["", "## Per category"]
         for cat in categories:
             lines += ["", f"### {cat}", ""]
-            lines += _md_table([row(a, a["categories"][cat], base) for a in summary["arms"] if cat in a["categories"]])
+            lines += _md_table([row(a, a["categories"][cat], base, acc) for a in summary["arms"]
+                                if cat in a["categories"]], cols)
     lines += notices(summary)
     if figures:
         lines += ["", "## Figures", ""]
@@ -78,6 +99,8 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         "± is the standard deviation over repeats, the CI a bootstrap over questions.",
         "- target fwd/token: target forwards per emitted token (1 / tau).",
         "- mismatches vs AR: greedy answers whose tokens differ from the autoregressive arm's.",
+        *(["- accuracy: share of answers (last turn) whose final number matches the question's reference "
+            "answer (GSM8K rule), with correct/scored; \"-\" for arms without references."] if acc else []),
         "", "Full definitions: docs/experiments.md.", "",
     ]
     return "\n".join(lines)
@@ -158,11 +181,12 @@ def summary_table(summary: dict, title: str | None = None) -> Any:
     # Arm names are what a reader compares: never ellipsise them (a narrow or piped terminal
     # folds the numeric columns instead).
     longest = max((len(a["name"]) + (9 if a.get("replay") else 0) for a in summary["arms"]), default=3)
-    for col in COLUMNS:
+    acc = with_accuracy(summary)
+    for col in columns(summary):
         if col == "arm":
             table.add_column(col, justify="left", no_wrap=True, min_width=longest)
         else:
             table.add_column(col, justify="right", overflow="fold")
     for arm in summary["arms"]:
-        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"))))
+        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"), acc)))
     return table
