@@ -43,6 +43,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
 
@@ -219,13 +220,7 @@ class NgramDrafter(Drafter):
         values: list[list[float]] = []
         tokens: list[list[int]] = []
         for node in node_list:
-            vals, toks = self.ranked(self.query_suffix(tree, int(node)))
-            vals, toks = vals[:k], toks[:k]
-            if len(toks) < k:
-                taken = set(toks)
-                filler = (i for i in range(self.vocab_size) if i not in taken)
-                toks = toks + [next(filler) for _ in range(k - len(toks))]
-                vals = vals + [float("-inf")] * (k - len(vals))
+            vals, toks = pad_top(*self.ranked(self.query_suffix(tree, int(node))), k, self.vocab_size)
             values.append(vals)
             tokens.append(toks)
         rows = len(node_list)

@@ -43,6 +43,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
 from .suffix_tree import Counts, OutputCache, RequestIndex
@@ -232,12 +233,7 @@ class SuffixDrafter(Drafter):
         k = min(int(k), self.vocab_size)
         values, ids = [], []
         for vals, toks in self._rows_for(tree, nodes):
-            vals, toks = vals[:k], toks[:k]
-            if len(toks) < k:
-                taken = set(toks)
-                filler = (i for i in range(self.vocab_size) if i not in taken)
-                toks = toks + [next(filler) for _ in range(k - len(toks))]
-                vals = vals + [float("-inf")] * (k - len(vals))
+            vals, toks = pad_top(vals, toks, k, self.vocab_size)
             values.append(vals)
             ids.append(toks)
         n, device = len(values), tree.device

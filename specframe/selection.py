@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["top_indices", "topk_per_row"]
+__all__ = ["pad_top", "top_indices", "topk_per_row"]
 
 
 def topk_per_row(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -115,3 +115,16 @@ def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     order = torch.sort(scores, descending=True, stable=True).indices
     order = order[torch.isfinite(scores[order])]
     return order[: max(0, int(k))]
+
+
+def pad_top(values: list[float], tokens: list[int], k: int, vocab: int) -> tuple[list[float], list[int]]:
+    """The first ``k`` of a sparse row's ranked candidates (``values`` descending, ties to the
+    lower id), padded as :func:`topk_per_row` pads a row with fewer than ``k`` finite entries:
+    ``-inf`` at the lowest ids the row leaves out. What a sparse ``expand_top`` returns per row."""
+    values, tokens = list(values[:k]), list(tokens[:k])
+    if len(tokens) < k:
+        taken = set(tokens)
+        filler = (i for i in range(vocab) if i not in taken)
+        tokens += [next(filler) for _ in range(k - len(tokens))]
+        values += [float("-inf")] * (k - len(values))
+    return values, tokens

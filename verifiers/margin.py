@@ -40,11 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specframe.interfaces import Verifier
 from specframe.options import require
 from specframe.tree import DraftTree
 from specframe.verifiers.typical import (
-    argmax_children, best_passing_child, bonus_token, check_temperature, child_probs, lossy_inputs, walk,
+    LossyVerifier, argmax_children, best_passing_child, bonus_token, check_temperature, child_probs, walk,
 )
 
 
@@ -89,25 +88,13 @@ def margin_decide(tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor, un
     return last, bonus_token(probs, argmax, last, uniform)
 
 
-class MarginVerifier(Verifier):
+class MarginVerifier(LossyVerifier):
     """Lossy: accept a drafted token whose target probability is within ``ratio`` of the top token's."""
 
     name = "margin"
     Options = MarginOptions
-    lossless = False
-    # It has a temperature option and samples the bonus token above 0, so generate(temperature=...)
-    # may override it (at 0 the engine switches to the lossless greedy verifier).
-    sampling = True
 
-    def __init__(self, options: MarginOptions) -> None:
-        super().__init__(options)
-        self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
-
-    def verify(
-        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decide every node at once on the device; randomness (the bonus draw at temperature
-        > 0): ``generator`` if given, else the verifier's own (``seed``), else torch's global one."""
-        gen = generator if generator is not None else self.generator
-        probs, argmax, uniform = lossy_inputs(target_logits, self.options.temperature, gen, tree.device)
+    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
+               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`margin_decide` with this verifier's options."""
         return margin_decide(tree, probs, argmax, uniform, self.options)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -185,17 +186,23 @@ def typical_decide(tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor, u
 
 
 # ---------------------------------------------------------------------------- plugin
-class TypicalVerifier(Verifier):
-    """Lossy: Medusa's typical acceptance (entropy-adaptive probability threshold)."""
+class LossyVerifier(Verifier):
+    """What ``typical`` and ``margin`` share: a generator from ``seed``, the device-side inputs
+    (:func:`lossy_inputs`) and the root-down walk; a subclass supplies :meth:`decide`."""
 
-    name = "typical"
-    Options = TypicalOptions
     lossless = False
+    # A temperature option and a sampled bonus above 0, so generate(temperature=...) may
+    # override it (at 0 the engine switches to the lossless greedy verifier).
     sampling = True
 
-    def __init__(self, options: TypicalOptions) -> None:
+    def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
+
+    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
+               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(last, bonus)`` from :func:`lossy_inputs`' numbers."""
+        raise NotImplementedError
 
     def verify(
         self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
@@ -204,4 +211,16 @@ class TypicalVerifier(Verifier):
         > 0): ``generator`` if given, else the verifier's own (``seed``), else torch's global one."""
         gen = generator if generator is not None else self.generator
         probs, argmax, uniform = lossy_inputs(target_logits, self.options.temperature, gen, tree.device)
+        return self.decide(tree, probs, argmax, uniform)
+
+
+class TypicalVerifier(LossyVerifier):
+    """Lossy: Medusa's typical acceptance (entropy-adaptive probability threshold)."""
+
+    name = "typical"
+    Options = TypicalOptions
+
+    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
+               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`typical_decide` with this verifier's options."""
         return typical_decide(tree, probs, argmax, uniform, self.options)
