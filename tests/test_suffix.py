@@ -16,6 +16,7 @@ from specframe.drafters.suffix import SuffixDrafter, SuffixDrafterOptions
 from specframe.drafters.suffix_tree import OutputCache, SuffixIndex
 from specframe.options import OptionError, build_options
 from specframe.testing.conformance import DrafterConformance
+from specframe.testing.harness import greedy_reference
 from specframe.testing.models import tiny_model
 from specframe.tree import DraftTree
 
@@ -232,19 +233,12 @@ def _policy_options(name: str) -> dict:
     return options
 
 
-def _greedy(model, prompt: list[int]) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.fixture(scope="module")
 def cases():
     out = []
     for arch, seed, prompt in CASES:
         model = tiny_model(arch, seed=seed, vocab_size=48, dtype=torch.float64)
-        out.append((arch, model, prompt, _greedy(model, prompt)))
+        out.append((arch, model, prompt, greedy_reference(model, prompt, MAX_NEW, None)))
     return out
 
 

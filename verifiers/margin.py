@@ -42,9 +42,7 @@ import torch
 
 from specframe.options import require
 from specframe.tree import DraftTree
-from specframe.verifiers.typical import (
-    LossyVerifier, argmax_children, best_passing_child, bonus_token, check_temperature, child_probs, walk,
-)
+from specframe.verifiers.typical import LossyVerifier, check_temperature
 
 
 @dataclass
@@ -79,22 +77,12 @@ def margin_passes(tree: DraftTree, probs: torch.Tensor, p: torch.Tensor, ratio: 
     return passes
 
 
-def margin_decide(tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor, uniform: torch.Tensor | None,
-                  options: MarginOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(last, bonus)`` of one margin verification from :func:`~specframe.verifiers.typical.lossy_inputs`' numbers."""
-    p, is_argmax = child_probs(tree, probs), argmax_children(tree, argmax)
-    passes = margin_passes(tree, probs, p, options.ratio)
-    last = walk(tree, best_passing_child(tree, passes, p, is_argmax))
-    return last, bonus_token(probs, argmax, last, uniform)
-
-
 class MarginVerifier(LossyVerifier):
     """Lossy: accept a drafted token whose target probability is within ``ratio`` of the top token's."""
 
     name = "margin"
     Options = MarginOptions
 
-    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
-               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`margin_decide` with this verifier's options."""
-        return margin_decide(tree, probs, argmax, uniform, self.options)
+    def passes(self, tree: DraftTree, probs: torch.Tensor, p: torch.Tensor, is_argmax: torch.Tensor) -> torch.Tensor:
+        """:func:`margin_passes` with this verifier's ``ratio``."""
+        return margin_passes(tree, probs, p, self.options.ratio)

@@ -176,15 +176,6 @@ def typical_passes(tree: DraftTree, probs: torch.Tensor, p: torch.Tensor, is_arg
     return passes
 
 
-def typical_decide(tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor, uniform: torch.Tensor | None,
-                   options: TypicalOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(last, bonus)`` of one typical verification from :func:`lossy_inputs`' numbers."""
-    p, is_argmax = child_probs(tree, probs), argmax_children(tree, argmax)
-    passes = typical_passes(tree, probs, p, is_argmax, options)
-    last = walk(tree, best_passing_child(tree, passes, p, is_argmax))
-    return last, bonus_token(probs, argmax, last, uniform)
-
-
 # ---------------------------------------------------------------------------- plugin
 class LossyVerifier(Verifier):
     """What ``typical`` and ``margin`` share: a generator from ``seed``, the device-side inputs
@@ -199,10 +190,19 @@ class LossyVerifier(Verifier):
         super().__init__(options)
         self.generator = None if options.seed is None else torch.Generator().manual_seed(int(options.seed))
 
+    def passes(self, tree: DraftTree, probs: torch.Tensor, p: torch.Tensor, is_argmax: torch.Tensor) -> torch.Tensor:
+        """``[n]`` bool: the node's token passes this rule at its parent (False at the root).
+        ``p``: each node's target probability at its parent; ``is_argmax``: whether it is the
+        parent's argmax."""
+        raise NotImplementedError
+
     def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
                uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(last, bonus)`` from :func:`lossy_inputs`' numbers."""
-        raise NotImplementedError
+        """``(last, bonus)`` from :func:`lossy_inputs`' numbers: walk from the root through the
+        best passing child (:meth:`passes`), then the bonus at the last accepted node."""
+        p, is_argmax = child_probs(tree, probs), argmax_children(tree, argmax)
+        last = walk(tree, best_passing_child(tree, self.passes(tree, probs, p, is_argmax), p, is_argmax))
+        return last, bonus_token(probs, argmax, last, uniform)
 
     def verify(
         self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
@@ -220,7 +220,6 @@ class TypicalVerifier(LossyVerifier):
     name = "typical"
     Options = TypicalOptions
 
-    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
-               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`typical_decide` with this verifier's options."""
-        return typical_decide(tree, probs, argmax, uniform, self.options)
+    def passes(self, tree: DraftTree, probs: torch.Tensor, p: torch.Tensor, is_argmax: torch.Tensor) -> torch.Tensor:
+        """:func:`typical_passes` with this verifier's options."""
+        return typical_passes(tree, probs, p, is_argmax, self.options)

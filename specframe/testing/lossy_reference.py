@@ -21,10 +21,10 @@ from typing import Callable
 
 import torch
 
-from specframe.testing.reference import Verdict
+from specframe.testing.reference import Verdict, inverse_cdf_draw
 from specframe.tree import DraftTree
 from specframe.verifiers.margin import MarginOptions, MarginVerifier
-from specframe.verifiers.typical import TypicalOptions, TypicalVerifier, lossy_inputs
+from specframe.verifiers.typical import TypicalOptions, TypicalVerifier
 
 #: ``test(row, token, is_argmax) -> bool``: whether a child passes at a node whose target row is ``row``.
 ChildTest = Callable[[list[float], int, bool], bool]
@@ -71,18 +71,8 @@ def _walk(tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor, uniform: t
         # Highest target probability first; the argmax token on an exact tie; then tree order.
         node = min(passing, key=lambda child: (tokens[child] != best_of[node], -row[tokens[child]], child))
         path.append(node)
-    bonus = best_of[node] if uniform is None else _draw(row, float(uniform[0]))
+    bonus = best_of[node] if uniform is None else inverse_cdf_draw(row, float(uniform[0]))
     return Verdict(accepted_path=torch.tensor(path, dtype=torch.long), bonus_token=bonus)
-
-
-def _draw(dist: list[float], u: float) -> int:
-    """Inverse-CDF draw: the first token whose running mass exceeds ``u`` times the total."""
-    target, running = u * sum(dist), 0.0
-    for token, mass in enumerate(dist):
-        running += mass
-        if running > target:
-            return token
-    return max(t for t, mass in enumerate(dist) if mass > 0)
 
 
 class TypicalReferenceVerifier(TypicalVerifier):
@@ -90,13 +80,10 @@ class TypicalReferenceVerifier(TypicalVerifier):
 
     name = "typical-reference"
 
-    def verify(
-        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw exactly as the fast verifier does, then walk the tree on the host."""
-        gen = generator if generator is not None else self.generator
-        numbers = lossy_inputs(target_logits, self.options.temperature, gen, tree.device)
-        return typical_walk(tree, *numbers, self.options).leaf(tree)
+    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
+               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same inputs as the fast verifier (its ``verify`` draws them), walked on the host."""
+        return typical_walk(tree, probs, argmax, uniform, self.options).leaf(tree)
 
 
 class MarginReferenceVerifier(MarginVerifier):
@@ -104,10 +91,7 @@ class MarginReferenceVerifier(MarginVerifier):
 
     name = "margin-reference"
 
-    def verify(
-        self, tree: DraftTree, target_logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw exactly as the fast verifier does, then walk the tree on the host."""
-        gen = generator if generator is not None else self.generator
-        numbers = lossy_inputs(target_logits, self.options.temperature, gen, tree.device)
-        return margin_walk(tree, *numbers, self.options).leaf(tree)
+    def decide(self, tree: DraftTree, probs: torch.Tensor, argmax: torch.Tensor,
+               uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same inputs as the fast verifier (its ``verify`` draws them), walked on the host."""
+        return margin_walk(tree, probs, argmax, uniform, self.options).leaf(tree)

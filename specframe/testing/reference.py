@@ -139,12 +139,12 @@ def sample_accept_reference(tree: DraftTree, probs: torch.Tensor, uniforms: torc
                 if sum(new_q) > 0:
                     q = [p / sum(new_q) for p in new_q]
         if next_node is None:
-            return Verdict(accepted_path=torch.tensor(path, dtype=torch.long), bonus_token=_draw(R, u[0]))
+            return Verdict(accepted_path=torch.tensor(path, dtype=torch.long), bonus_token=inverse_cdf_draw(R, u[0]))
         node = next_node
         path.append(node)
 
 
-def _draw(dist: list[float], u: float) -> int:
+def inverse_cdf_draw(dist: list[float], u: float) -> int:
     """Inverse-CDF draw from an unnormalised list (first token whose running mass exceeds u*total)."""
     target = u * sum(dist)
     running = 0.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specframe.testing.reference import Verdict
+from specframe.testing.reference import Verdict, inverse_cdf_draw
 from specframe.tree import DraftTree
 from specframe.verifiers.sampling import proposals, sampling_inputs
 from specframe.verifiers.traversal import TraversalVerifier, check_drafting
@@ -48,9 +48,9 @@ def traversal_reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Te
             # Only the root is left. Its rate starts at 1 and (3) keeps it there (S / (S + 0)),
             # so its test always passes: accept it without spending a draw.
             assert rate[0] == 1.0, rate[0]
-            return Verdict(torch.tensor([0]), _draw(target[0], u[0]))
+            return Verdict(torch.tensor([0]), inverse_cdf_draw(target[0], u[0]))
         if u[leaf] < rate[leaf]:  # lines 5-8: accept the whole chain, draw the bonus (line 16)
-            return Verdict(torch.tensor(tree.path_to(leaf)), _draw(target[leaf], u[0]))
+            return Verdict(torch.tensor(tree.path_to(leaf)), inverse_cdf_draw(target[leaf], u[0]))
         # Lines 10-12: delete the leaf; residual (1), draft (2) and rate (3) of its parent.
         deleted[leaf] = True
         parent = parents[leaf]
@@ -82,17 +82,6 @@ def _entry_rate(p_parent: float, target: list[float], draft: list[float], token:
     if num >= den:
         return 1.0 if num > 0 else 0.0
     return num / den
-
-
-def _draw(dist: list[float], u: float) -> int:
-    """Inverse-CDF draw from an unnormalised list (first token whose running mass exceeds u*total)."""
-    goal = u * sum(dist)
-    running = 0.0
-    for token, mass in enumerate(dist):
-        running += mass
-        if running > goal:
-            return token
-    return max(t for t, mass in enumerate(dist) if mass > 0)
 
 
 class TraversalReferenceVerifier(TraversalVerifier):
