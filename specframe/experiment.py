@@ -357,9 +357,7 @@ class Experiment:
         run_file = RunFile(self.out_dir)
         run_file.check(cfg.name, self.fingerprint(), {a.name: a.describe() for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
-                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
-                       protocol={**PROTOCOL, **{k: v for k, v in run_file.read().get("protocol", {}).items()
-                                                if k == "stateful_arms"}})
+                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__)
         references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}
         if references:  # what the report scores answers against (task accuracy)
             run_file.update(references={**run_file.read().get("references", {}), **references})
@@ -449,7 +447,7 @@ class Experiment:
         skipped = []
         for q in list(questions):
             prompt = encoder.encode(q.turns, [], None)
-            longest = self._longest_prompt(encoder, q, prompt)
+            longest = self._longest_prompt(encoder, q, prompt) if self.config.data.on_overflow == "skip" else prompt
             if self.config.data.on_overflow == "skip" and prompt and len(longest) + self.config.max_new_tokens > self._limit[0]:
                 skipped.append({"question_id": q.question_id, "prompt_tokens": len(longest),
                                 **({"turn": len(q.turns)} if len(q.turns) > 1 else {}),
@@ -732,8 +730,9 @@ class _StatePositions:
         self._at: dict[str, tuple[int, int]] = {}
 
     def follows(self, arm: str, repeat: int, index: int) -> bool:
-        """True when the arm's last question was the one just before ``index`` in this repeat."""
-        return self._at.get(arm, (0, -1) if index == 0 and repeat == 0 else None) == (repeat, index - 1)
+        """True when the arm's last question was the one just before ``index`` in this repeat
+        (a drafter not yet used is fresh: "before question 0 of repeat 0")."""
+        return self._at.get(arm, (0, -1)) == (repeat, index - 1)
 
     def mark(self, arm: str, repeat: int, index: int) -> None:
         """The arm has now answered question ``index`` of ``repeat``."""

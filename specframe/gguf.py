@@ -116,14 +116,16 @@ def _temp_dir(out: Path, pid: int) -> Path:
     return out.with_name(f"{out.name}.tmp{pid}")
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (one of another user counts as alive).
-    (``runlock.pid_alive`` is the harness's twin: the core may not import the harness.)"""
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (one we may not signal counts as alive):
+    whether a lock holder or the writer of a temporary directory is still there."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except OSError:
         return True
     return True
 
@@ -135,7 +137,7 @@ def _remove_stale_temps(out: Path) -> list[Path]:
     removed = []
     for tmp in out.parent.glob(f"{out.name}.tmp*"):
         pid = tmp.name[len(out.name) + len(".tmp"):]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
     return removed

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import warn
+from .gguf import pid_alive
 
 LOCK_FILE = ".specframe.lock"
 
@@ -105,19 +106,6 @@ def _read_holder(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with ``pid`` exists on this host (one we may not signal counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _in_use_message(out_dir: Path, holder: dict) -> str:

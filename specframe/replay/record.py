@@ -25,7 +25,7 @@ from ..config import ExperimentConfig
 from ..data import PromptEncoder, load_questions
 from ..engine import SpecDecoder, make_plugin
 from ..experiment import ModelPool, _no_loading_bars, load_tokenizer
-from ..runlock import pid_alive
+from ..gguf import pid_alive
 from ..target import TargetModel
 from .projection import fit_rest
 from .trace import PromptTrace, Trace, prompt_key, save_hidden

@@ -56,11 +56,10 @@ def step_model(trace: Trace, curve_path: str | Path | None = None) -> StepModel:
         curve = _parse_curve(text, trace.path)
         source = f"the trace's curve ({curve.key})"
     o = trace.overhead
-    model = StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
-                      o.get("ar_ratio", 1.0) if curve_path is None else 1.0, prefill_from_curve=curve_path is not None,
-                      curve_scale=1.0 if curve_path is not None else o.get("curve_scale", 1.0))
-    model.identity = {"key": curve.key, "sha1": hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]}
-    return model
+    return StepModel(curve, source, o.get("rest_fixed", 0.0), o.get("rest_per_node", 0.0),
+                     o.get("ar_ratio", 1.0) if curve_path is None else 1.0, prefill_from_curve=curve_path is not None,
+                     curve_scale=1.0 if curve_path is not None else o.get("curve_scale", 1.0),
+                     identity={"key": curve.key, "sha1": hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]})
 
 
 def _parse_curve(text: str, where: Any) -> CostCurve:
