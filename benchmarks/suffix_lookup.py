@@ -18,7 +18,7 @@ import torch
 
 from specframe.drafters.suffix import SuffixDrafter, SuffixDrafterOptions
 from specframe.options import build_options
-from specframe.tree import DraftTree
+from specframe.testing.harness import chain_tree
 
 
 class _Target:
@@ -26,13 +26,6 @@ class _Target:
 
     def __init__(self, vocab: int) -> None:
         self.vocab_size = vocab
-
-
-def _chain(root: int, path: list[int]) -> DraftTree:
-    tree = DraftTree.root(root)
-    for i, tok in enumerate(path):
-        tree = tree.add_nodes(torch.tensor([i]), torch.tensor([tok]), torch.tensor([-1.0 * (i + 1)]))
-    return tree
 
 
 def per_node_seconds(tokens: int, vocab: int, nodes: int, rounds: int, earlier: int) -> float:
@@ -46,7 +39,7 @@ def per_node_seconds(tokens: int, vocab: int, nodes: int, rounds: int, earlier: 
     seq = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
     drafter.begin(torch.tensor(seq[: tokens // 2]))
     drafter.commit(torch.tensor(seq[tokens // 2 :]))
-    tree = _chain(seq[-1], seq[100 : 100 + nodes])
+    tree = chain_tree(seq[-1], seq[100 : 100 + nodes])
     times = []
     for _ in range(rounds):
         drafter._reset_step()

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import specframe
 from specframe.drafters.ngram import NgramDrafter, NgramDrafterOptions, reference_distribution
 from specframe.options import OptionError, build_options
+from specframe.testing.harness import chain_tree
+from specframe.testing.harness import row_probs as probs
 from specframe.testing.models import tiny_model
 from specframe.tree import DraftTree
 
@@ -35,20 +37,6 @@ def make(prompt: list[int], **options) -> NgramDrafter:
 def root_row(drafter: NgramDrafter, root: int) -> torch.Tensor:
     """Draft log-probs at the root of a fresh tree."""
     return drafter.expand(DraftTree.root(root), torch.tensor([0]))[0]
-
-
-def chain_tree(root: int, path: list[int]) -> DraftTree:
-    """A chain root -> path[0] -> path[1] ... (log-probs irrelevant to the drafter)."""
-    tree = DraftTree.root(root)
-    for i, tok in enumerate(path):
-        tree = tree.add_nodes(torch.tensor([i]), torch.tensor([tok]), torch.tensor([-1.0 * (i + 1)]))
-    return tree
-
-
-def probs(row: torch.Tensor) -> dict[int, float]:
-    """Finite entries of a row as {token: probability}."""
-    idx = torch.nonzero(torch.isfinite(row)).flatten().tolist()
-    return {i: math.exp(float(row[i])) for i in idx}
 
 
 # ---------------------------------------------------------------------- matching

@@ -16,7 +16,8 @@ from specframe.drafters.suffix import SuffixDrafter, SuffixDrafterOptions
 from specframe.drafters.suffix_tree import OutputCache, SuffixIndex
 from specframe.options import OptionError, build_options
 from specframe.testing.conformance import DrafterConformance
-from specframe.testing.harness import greedy_reference
+from specframe.testing.harness import chain_tree, greedy_reference
+from specframe.testing.harness import row_probs as probs
 from specframe.testing.models import tiny_model
 from specframe.tree import DraftTree
 
@@ -35,20 +36,6 @@ def make(prompt: list[int] | None = None, **options) -> SuffixDrafter:
     if prompt is not None:
         drafter.begin(torch.tensor(prompt))
     return drafter
-
-
-def chain_tree(root: int, path: list[int]) -> DraftTree:
-    """A chain root -> path[0] -> ... (log-probs irrelevant to the drafter)."""
-    tree = DraftTree.root(root)
-    for i, tok in enumerate(path):
-        tree = tree.add_nodes(torch.tensor([i]), torch.tensor([tok]), torch.tensor([-1.0 * (i + 1)]))
-    return tree
-
-
-def probs(row: torch.Tensor) -> dict[int, float]:
-    """Finite entries of a row as {token: probability}."""
-    idx = torch.nonzero(torch.isfinite(row)).flatten().tolist()
-    return {i: math.exp(float(row[i])) for i in idx}
 
 
 def rows(drafter: SuffixDrafter, root: int, path: list[int]) -> list[dict[int, float]]:

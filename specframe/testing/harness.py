@@ -163,3 +163,17 @@ def grow_tree(session: DraftSession, widths: list[int]) -> tuple[DraftTree, dict
         tree = tree.add_nodes(parents, top.indices.flatten()[flat], logp_nodes)
         frontier = list(range(start, len(tree)))
     return tree, rows
+
+
+def chain_tree(root: int, path: list[int]) -> DraftTree:
+    """A chain root -> path[0] -> path[1] ... (log-probs that a drafter does not read)."""
+    tree = DraftTree.root(root)
+    for i, tok in enumerate(path):
+        tree = tree.add_nodes(torch.tensor([i]), torch.tensor([tok]), torch.tensor([-1.0 * (i + 1)]))
+    return tree
+
+
+def row_probs(row: torch.Tensor) -> dict[int, float]:
+    """A draft row's finite entries as ``{token: probability}``."""
+    idx = torch.nonzero(torch.isfinite(row)).flatten().tolist()
+    return {i: math.exp(float(row[i])) for i in idx}
