@@ -1,30 +1,29 @@
 """Batched speculative decoding: B sequences, one tree each, verified in ONE target forward.
 
 Each live sequence keeps its own drafter and policy (built by factories, the decoder's own
-pair serving the first row), so its trees are what it would draft alone. A step asks the
+pair serving the first row), so its trees are what it would draft alone. The step is the
+engine's own (:meth:`specframe.engine.SpecDecoder._step`) over a batch KV layout: it asks the
 batch allocator (:mod:`specframe.batch_allocate`) for every sequence's budget, builds the
 trees, lets the allocator trim them to the batch budget, verifies them all in one forward
 over the ragged batch cache (:class:`specframe.batch_kv.BatchKV`), reads every verdict in one
 transfer, keeps each accepted path and drops sequences that reached EOS or their token limit.
-Design and figure: docs/batching.md.
+This module adds what only a batch has: rows and their slots, the allocator, batch prices
+for auto-sized policies and continuous batching. Design and figure: docs/batching.md.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .batch_allocate import BatchAllocator, make_allocator
-from .batch_draft import build_trees
 from .batch_flat import check_layout, make_batch_kv
 from .batch_kv import BatchKV
-from .contract import EngineError, checked_decision, reject_tree, tree_flag
-from .engine import GenerationOutput, SpecDecoder, _as_prompt, _eos_set, make_plugin
-from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, logits_keyword, wants_prompt_logits
-from .step_read import pack_step, unpack_step
+from .engine import GenerationOutput, Row, SpecDecoder, _as_prompt, _eos_set, make_plugin
+from .interfaces import Drafter, TreePolicy, wants_prompt_logits
 
 
 @dataclass
@@ -82,19 +81,6 @@ def rebuild_policy(decoder: SpecDecoder) -> TreePolicy:
     policy = make_plugin("policies", (decoder.policy.name, _options_dict(decoder.policy.options)))
     policy.attach(decoder.target)
     return policy
-
-
-@dataclass
-class _Row:
-    """One sequence of the batch while it decodes."""
-
-    index: int
-    slot: int
-    drafter: Drafter
-    policy: TreePolicy
-    committed: list[int]
-    out: GenerationOutput
-    generator: torch.Generator | None = None
 
 
 class BatchDecoder:
@@ -189,7 +175,7 @@ class BatchDecoder:
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
                 t0 = time.perf_counter()
-                rows = self._step(kv, rows, max_new_tokens, eos, start)
+                rows = dec._step(kv, rows, dec.verifier, max_new_tokens, eos, start, self.allocator, self.batch_drafts)
                 result.step_times.append(time.perf_counter() - t0)
                 result.step_rows.append(kv.last_rows)
                 if waiting and len(rows) < width:
@@ -234,169 +220,32 @@ class BatchDecoder:
             raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
         return [s if isinstance(s, torch.Generator) else torch.Generator().manual_seed(int(s)) for s in seeds]
 
-    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list, result: BatchOutput) -> list[_Row]:
+    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list, result: BatchOutput) -> list[Row]:
         """Prefill the first prompts together and begin their rows' drafters and policies."""
-        first = list(range(len(ids)))  # prompt b in slot b
-        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in first)
-        prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden, logits=prompt_logits)
-        return self._start_rows(prefill, first, first, ids, generators, result)
+        rows = self._rows(range(len(ids)), range(len(ids)), ids, generators, result)  # prompt b in slot b
+        prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden,
+                             logits=any(wants_prompt_logits(r.drafter) for r in rows))
+        return self.decoder.begin_rows(prefill, rows, ids)
 
-    def _join(self, kv: BatchKV, rows: list[_Row], joining: list[int], ids: list[torch.Tensor],
-              generators: list, result: BatchOutput, start: float) -> list[_Row]:
+    def _join(self, kv: BatchKV, rows: list[Row], joining: list[int], ids: list[torch.Tensor],
+              generators: list, result: BatchOutput, start: float) -> list[Row]:
         """Prefill the prompts ``joining`` (indices into ``ids``) as new last rows of the batch,
         in the slots (drafter, policy) the rows that left freed."""
         at = time.perf_counter() - start
         busy = {row.slot for row in rows}
         slots = [b for b in range(len(rows) + len(joining)) if b not in busy][: len(joining)]
-        prompt_logits = any(wants_prompt_logits(self._slot(b)[0]) for b in slots)
-        prefill = kv.join([ids[i][:-1] for i in joining], hidden=self.decoder._needs_hidden, logits=prompt_logits)
+        new = self._rows(joining, slots, ids, generators, result)
+        prefill = kv.join([ids[i][:-1] for i in joining], hidden=self.decoder._needs_hidden,
+                          logits=any(wants_prompt_logits(r.drafter) for r in new))
         for i in joining:
             result.joined[i] = at
-        return self._start_rows(prefill, joining, slots, ids, generators, result)
+        return self.decoder.begin_rows(prefill, new, [ids[i] for i in joining])
 
-    def _start_rows(self, prefill: Any, indices: list[int], slots: list[int], ids: list[torch.Tensor],
-                    generators: list, result: BatchOutput) -> list[_Row]:
-        """Begin the drafter and policy of ``slots[j]`` on prompt ``indices[j]``, whose prefill
-        outputs are row ``j`` of ``prefill``."""
-        needs_hidden = self.decoder._needs_hidden
-        rows = []
-        for j, (i, slot) in enumerate(zip(indices, slots)):
-            drafter, policy = self._slot(slot)
-            prompt = ids[i]
-            n = len(prompt) - 1
-            hidden = logits = None
-            if n > 0 and needs_hidden:
-                hidden = tuple(h[j : j + 1, :n] for h in prefill.hidden_states)
-            if n > 0 and wants_prompt_logits(drafter):
-                logits = prefill.logits[j, :n]
-            drafter.begin(prompt, target_hidden=hidden, **logits_keyword(drafter, logits))
-            policy.reset()
-            rows.append(_Row(i, slot, drafter, policy, prompt.tolist(), result.outputs[i], generators[i]))
-        return rows
-
-    def _build(self, rows: list[_Row]) -> tuple[list, list, list[int], list[float]]:
-        """Every row's tree under the allocator's budgets, trimmed to the batch budget; and each
-        row's policy time (its build less its drafting)."""
-        dec = self.decoder
-        caps = [min(r.policy.max_budget, dec.max_positions - (len(r.committed) - 1)) for r in rows]
-        total = self.allocator.total(caps)
-        if total < len(rows):
-            raise ValueError(f"allocator {self.allocator.name!r}: batch budget {total} is below the "
-                             f"{len(rows)} live sequences (each tree needs its root)")
-        limits = self.allocator.budgets(caps, [r.out.steps for r in rows], total)
-        if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
-            raise EngineError(f"allocator {self.allocator.name!r} returned budgets {limits} outside [1, {caps}]")
-        # Rows whose drafters batch build in lockstep, one draft forward per layer for them all
-        # (specframe.batch_draft); the others, and a lone row, one after another.
-        def new_session(b: int, cls: type[DraftSession]) -> DraftSession:
-            row = rows[b]
-            return cls(row.drafter, row.committed[-1], dec.target.device, row.generator,
-                       context_len=len(row.committed))
-
-        trees, sessions, policy_times = build_trees([r.policy for r in rows], [r.drafter for r in rows],
-                                                    new_session, limits, self.batch_drafts)
-        trees = self.allocator.trim(trees, total)
-        if sum(len(t) for t in trees) > total:
-            raise EngineError(f"allocator {self.allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "
-                              f"over the batch budget {total}")
-        return trees, sessions, limits, policy_times
-
-    def _step(self, kv: BatchKV, rows: list[_Row], max_new: int, eos: set[int], start: float) -> list[_Row]:
-        """One batched step; returns the rows still decoding."""
-        dec = self.decoder
-        trees, sessions, limits, policy_times = self._build(rows)
-        flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, dec.strict)
-                 for r, t, lim in zip(rows, trees, limits)]
-        t1 = time.perf_counter()
-        tree_start = kv.width
-        out = kv.tree_forward(trees, hidden=dec._needs_hidden)
-        logits = kv.rows_of(out.logits)
-        hiddens = list(zip(*(kv.rows_of(h) for h in out.hidden_states))) if dec._needs_hidden else None
-        t2 = time.perf_counter()
-        reads = self._verify_and_read(rows, trees, limits, flags, logits)
-        t3 = time.perf_counter()
-        paths: list[torch.Tensor | None] = []
-        counts: list[int] = []
-        for b, (row, tree, read) in enumerate(zip(rows, trees, reads)):
-            emitted = self._cut(read.tokens, max_new - len(row.out.tokens), eos)
-            finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
-                or any(t in eos for t in emitted)
-            paths.append(None if finished else read.path)
-            hidden = tuple(h[None] for h in hiddens[b]) if hiddens is not None else None
-            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
-                               **logits_keyword(row.drafter, logits[b]))
-            counts.append(len(emitted))
-            row.committed += emitted
-            row.out.tokens += emitted
-            row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
-        kv.keep(paths, tree_start)
-        t4 = time.perf_counter()
-        live = []
-        for row, tree, read, session, limit, count, path, policy_time in zip(
-                rows, trees, reads, sessions, limits, counts, paths, policy_times):
-            stats = StepStats(
-                tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
-                emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
-                policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
-                other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
-                budget_cut=row.policy.max_budget - limit,
-            )
-            row.out.steps.append(stats)
-            priced = row.policy.wants_batch_curve
-            row.policy.observe(self._row_share(stats, len(rows)) if priced else stats)
-            if path is None:
-                row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
-                row.out.wall_time = time.perf_counter() - start
-            else:
-                live.append(row)
-        return live
-
-    @staticmethod
-    def _row_share(stats: StepStats, live: int) -> StepStats:
-        """What a batch-priced policy learns from: its own drafting and building, and
-        ``1 / live`` of the batch's forward, verification and bookkeeping (the step's cost spread
-        over its rows, as its row curve spreads the forward). The recorded step keeps the whole
-        batch's times, since the sequence waited for them."""
-        if live == 1:
-            return stats
-        return replace(stats, target_time=stats.target_time / live, verify_time=stats.verify_time / live,
-                       other_time=stats.other_time / live)
-
-    def _verify_and_read(self, rows, trees, limits, flags, logits) -> list:
-        """Verify every row, then read all verdicts in ONE device-to-host transfer."""
-        dec = self.decoder
-        records, paths = [], []
-        for b, (row, tree, limit, ok) in enumerate(zip(rows, trees, limits, flags)):
-            try:
-                last, bonus = checked_decision(dec.verifier.name, tree,
-                                               dec.verifier.verify(tree, logits[b], row.generator),
-                                               dec.target.vocab_size, dec.strict)
-            except Exception:
-                reject_tree(row.policy.name, tree, row.committed[-1], limit)
-                raise
-            packed, path = pack_step(tree, last, bonus, ok)
-            records.append(packed)
-            paths.append(path)
-        flat = torch.cat(records).tolist()  # the step's one host read
-        reads, at = [], 0
-        for row, tree, limit, path in zip(rows, trees, limits, paths):
-            size = 2 + 4 * len(tree)
-            read = unpack_step(len(tree), flat[at : at + size], path)
-            at += size
-            if not read.ok:
-                reject_tree(row.policy.name, tree, row.committed[-1], limit)
-                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
-            reads.append(read)
-        return reads
-
-    @staticmethod
-    def _cut(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:
-        """The tokens a row emits: at most ``remaining``, ending at its first EOS."""
-        emitted = tokens[:remaining]
-        for i, tok in enumerate(emitted):
-            if tok in eos:
-                return emitted[: i + 1]
-        return emitted
+    def _rows(self, indices: Sequence[int], slots: Sequence[int], ids: list[torch.Tensor], generators: list,
+              result: BatchOutput) -> list[Row]:
+        """Prompt ``indices[j]``'s row on the drafter and policy of ``slots[j]``."""
+        return [Row(i, slot, *self._slot(slot), ids[i].tolist(), result.outputs[i], generators[i])
+                for i, slot in zip(indices, slots)]
 
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .batch import BatchDecoder
+from .engine import cut_output
 
 
 @torch.inference_mode()
@@ -27,7 +27,7 @@ def autoregressive_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_t
     config.update(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=None,
                   eos_token_id=sorted(eos), pad_token_id=pad)  # [] = no EOS (None: the model's own)
     out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config)
-    return [BatchDecoder._cut(row[width:].tolist(), max_new_tokens, eos) for row in out]
+    return [cut_output(row[width:].tolist(), max_new_tokens, eos) for row in out]
 
 
 @torch.inference_mode()

@@ -148,7 +148,8 @@ class FlatKV(BatchKV):
         return [tensor[0, at : at + n] for at, n in self._spans]
 
     @torch.inference_mode()
-    def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int) -> None:
+    def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int,
+             contiguous: Sequence[bool] | None = None) -> None:
         """Move row b's accepted ``paths[b]`` (node indices, root first) behind its prefix in
         its segment; a row whose path is None leaves and frees its segment. The tree columns go."""
         device = self.target.device

@@ -207,12 +207,18 @@ class BatchKV:
         """Row b's ``[n_b, ...]`` slice of an output of the last :meth:`tree_forward`."""
         return [tensor[b, :n] for b, n in enumerate(self._sizes)]
 
+    def hidden_rows(self, out: Any) -> list[tuple[torch.Tensor, ...]]:
+        """Row b's hidden states of the last :meth:`tree_forward`, ``[1, n_b, H]`` per layer."""
+        return [tuple(h[None] for h in row) for row in zip(*(self.rows_of(h) for h in out.hidden_states))]
+
     @torch.inference_mode()
-    def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int) -> None:
+    def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int,
+             contiguous: Sequence[bool] | None = None) -> None:
         """Keep row ``b``'s accepted ``paths[b]`` (node indices, root first) behind its prefix,
         drop the rows whose path is None (they left the batch) and crop to the longest prefix.
 
-        ``tree_start``: the column where this step's trees began (:attr:`width` before the forward).
+        ``tree_start``: the column where this step's trees began (:attr:`width` before the
+        forward). ``contiguous`` is not needed here (every row's path is gathered).
         """
         live = [b for b, p in enumerate(paths) if p is not None]
         device = self.target.device

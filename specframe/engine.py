@@ -1,4 +1,9 @@
-"""SpecDecoder: prefill -> [build tree -> verify in one target forward -> commit] loop."""
+"""SpecDecoder: prefill -> [build trees -> verify in one target forward -> commit] loop.
+
+:meth:`SpecDecoder._step` is the one decode step, for one sequence (``generate``, over
+:class:`specframe.single_kv.SingleKV`) or many (:class:`specframe.batch.BatchDecoder`, over a
+batch layout): the layouts differ, the step does not.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ import torch
 
 from .contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
 from .interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword, wants_prompt_logits
+from .batch_draft import build_trees
 from .options import build_options
 from .plugins import SINGULAR, get_registry
+from .single_kv import SingleKV
+from .step_read import StepRead, pack_step, unpack_step
 from .target import TargetModel
-from .step_read import read_step
 from .tree import DraftTree
 
 PluginSpec = Any  # "name" | ("name", {options}) | instance
@@ -211,40 +218,29 @@ class SpecDecoder:
             )
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
-        self.target.reset(capacity=need + self.policy.max_budget)  # used if the target pre-allocates
-        hidden = logits = None
-        if len(prompt) > 1:
-            # The root (last prompt token) enters with the first tree, as in EAGLE. No caller
-            # reads the prefill's logits unless the drafter asks for them: skip their lm_head rows.
-            prompt_logits = wants_prompt_logits(self.drafter)
-            prefill = self.target.causal_forward(prompt[:-1].to(self.target.device), self._needs_hidden,
-                                                 last_logits_only=not prompt_logits)
-            hidden = prefill.hidden_states if self._needs_hidden else None
-            logits = prefill.logits[0] if prompt_logits else None
-        self.drafter.begin(prompt, target_hidden=hidden, **self._logits_kw(logits))
-        self.policy.reset()
-        committed = prompt.tolist()
         out = GenerationOutput(tokens=[])
-        while len(out.tokens) < max_new_tokens:
-            emitted, stats, view = self._step(committed, max_new_tokens - len(out.tokens), eos, generator,
-                                              verifier, on_step is not None)
-            committed += emitted
-            out.tokens += emitted
-            out.steps.append(stats)
-            self.policy.observe(stats)
-            if view is not None:
-                on_step(view)
-            if eos and emitted[-1] in eos:
-                out.stopped_at_eos = True
-                break
-        self.drafter.finish(torch.tensor(out.tokens, dtype=torch.long))
-        out.wall_time = time.perf_counter() - start
+        kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget)
+        row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step)
+        rows = self.begin_rows(kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter)),
+                               [row], [prompt])
+        while rows:
+            rows = self._step(kv, rows, verifier, max_new_tokens, eos, start)
         return out
 
-    def _logits_kw(self, logits: torch.Tensor | None) -> dict[str, Any]:
-        """``target_logits=`` for a drafter that declares ``needs_target_logits``; nothing for
-        the others, whose ``begin``/``commit`` may not take the keyword."""
-        return logits_keyword(self.drafter, logits)
+    def begin_rows(self, prefill: Any, rows: list[Row], prompts: Sequence[torch.Tensor]) -> list[Row]:
+        """Begin each row's drafter and policy on its prompt, whose prefill outputs are row
+        ``j`` of ``prefill`` (a layout's ``prefill`` or ``join``; None: one-token prompts)."""
+        for j, (row, prompt) in enumerate(zip(rows, prompts)):
+            n = len(prompt) - 1
+            hidden = logits = None
+            if n > 0 and self._needs_hidden:
+                # A replayed target holds only the layers a drafter reads: the others are None.
+                hidden = tuple(h if h is None else h[j : j + 1, :n] for h in prefill.hidden_states)
+            if n > 0 and wants_prompt_logits(row.drafter):
+                logits = prefill.logits[j, :n]
+            row.drafter.begin(prompt, target_hidden=hidden, **logits_keyword(row.drafter, logits))
+            row.policy.reset()
+        return rows
 
     def _verifier_for(self, temperature: float | None) -> Verifier:
         """The verifier of one generate call: ``temperature`` 0 = exact greedy, > 0 overrides
@@ -277,72 +273,160 @@ class SpecDecoder:
         own = getattr(self.drafter, "max_positions", None)
         return self.target.max_positions if own is None else min(self.target.max_positions, int(own))
 
-    def _build_tree(self, committed: list[int], generator: torch.Generator | None = None):
-        session = DraftSession(self.drafter, committed[-1], self.target.device, generator,
-                               context_len=len(committed))
-        # The engine alone bounds the tree: the policy's largest, or the room left in the context.
-        limit = min(self.policy.max_budget, self.max_positions - (len(committed) - 1))
-        tree = self.policy.build(session, limit)
-        return tree, session, limit
+    # ------------------------------------------------------------------ the step
+    def _step(self, kv: Any, rows: list[Row], verifier: Verifier, max_new: int, eos: set[int], start: float,
+              allocator: Any = None, lockstep: bool = True) -> list[Row]:
+        """THE decode step, for one live sequence or many: build every row's tree, verify them
+        all in one target forward over the KV layout ``kv``, read every verdict in one host
+        transfer, keep each accepted path, commit, and record each row's :class:`StepStats`.
+        Returns the rows still decoding (a row that reached EOS or ``max_new`` tokens is
+        finished: its drafter's ``finish`` ran and its output has its wall time).
 
-    def _step(
-        self, committed: list[int], remaining: int, eos: set[int], generator, verifier: Verifier,
-        want_view: bool = False,
-    ) -> tuple[list[int], StepStats, StepView | None]:
-        t0 = time.perf_counter()
-        tree, session, limit = self._build_tree(committed, generator)
-        ok = tree_flag(self.policy.name, tree, committed[-1], limit, self.strict)
+        ``allocator``: a batch allocator splitting the step's node budget (None: each tree up to
+        its policy's budget); ``lockstep``: let batch-capable drafters draft all rows' layers
+        in one forward (:mod:`specframe.batch_draft`).
+        """
+        trees, sessions, limits, policy_times = self._build(rows, allocator, lockstep)
+        flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
+                 for r, t, lim in zip(rows, trees, limits)]
         t1 = time.perf_counter()
-        out = self.target.tree_forward(
-            tree.tokens, tree.positions(len(committed)), tree.ancestor_mask(),
-            output_hidden_states=self._needs_hidden,
-            # The engine's limit already keeps every position in range: no device max to read.
-            max_position=len(committed) - 2 + len(tree),
-        )
-        logits = out.logits[0]
+        tree_start = kv.width
+        out = kv.tree_forward(trees, hidden=self._needs_hidden)
+        logits = kv.rows_of(out.logits)
+        hiddens = kv.hidden_rows(out) if self._needs_hidden else [None] * len(rows)
         t2 = time.perf_counter()
-        try:
-            last, bonus = checked_decision(verifier.name, tree, verifier.verify(tree, logits, generator),
-                                           self.target.vocab_size, self.strict)
-        except Exception:
-            # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
-            reject_tree(self.policy.name, tree, committed[-1], limit)
-            raise
-        read = read_step(tree, last, bonus, ok)  # the step's one host read
-        if not read.ok:
-            reject_tree(self.policy.name, tree, committed[-1], limit)
-            raise EngineError(f"policy {self.policy.name!r} returned an invalid tree")
+        reads = self._verify_and_read(rows, trees, limits, flags, logits, verifier)
         t3 = time.perf_counter()
-        emitted = read.tokens
-        finished = len(emitted) >= remaining or any(t in eos for t in emitted)
-        emitted = emitted[:remaining]
-        for i, tok in enumerate(emitted):
-            if tok in eos:
-                emitted = emitted[: i + 1]
-                break
-        if not finished:
-            # Cache held L-1 entries before the tree; keep the accepted path (root first) behind them.
-            self.target.keep(len(committed) - 1, read.path, contiguous=read.contiguous)
-        # The last step commits too (a drafter that learns from verifications sees them all),
-        # with the verifier's whole decision even where max_new_tokens or EOS cut the output.
-        hidden = out.hidden_states if self._needs_hidden else None
-        self.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
-                            **self._logits_kw(logits))
+        paths, counts = [], []
+        for row, tree, read, hidden, row_logits in zip(rows, trees, reads, hiddens, logits):
+            emitted = cut_output(read.tokens, max_new - len(row.out.tokens), eos)
+            finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
+                or any(t in eos for t in emitted)
+            paths.append(None if finished else read.path)
+            # Every step commits, the last too (a drafter that learns from verifications sees
+            # them all), with the verifier's whole decision even where the output was cut.
+            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
+                               **logits_keyword(row.drafter, row_logits))
+            counts.append(len(emitted))
+            row.committed += emitted
+            row.out.tokens += emitted
+            row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
+        kv.keep(paths, tree_start, [read.contiguous for read in reads])
         t4 = time.perf_counter()
-        draft_time = session.draft_time
-        stats = StepStats(
-            tree_size=len(tree),
-            depth=len(read.widths) - 1,
-            accepted=len(read.ranks),
-            emitted=len(emitted),
-            draft_forwards=session.draft_forwards,
-            draft_time=draft_time,
-            policy_time=(t1 - t0) - draft_time,
-            target_time=t2 - t1,
-            verify_time=t3 - t2,
-            other_time=t4 - t3,
-            widths=read.widths,
-            accepted_ranks=read.ranks,
-            budget_cut=self.policy.max_budget - limit,
-        )
-        return emitted, stats, StepView(tree, read.path, stats) if want_view else None
+        live = []
+        for row, tree, read, session, limit, count, path, policy_time in zip(
+                rows, trees, reads, sessions, limits, counts, paths, policy_times):
+            stats = StepStats(
+                tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
+                emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
+                policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
+                other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
+                budget_cut=row.policy.max_budget - limit,
+            )
+            row.out.steps.append(stats)
+            row.policy.observe(_row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
+            if row.on_step is not None:
+                row.on_step(StepView(tree, read.path, stats))
+            if path is None:
+                row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
+                row.out.wall_time = time.perf_counter() - start
+            else:
+                live.append(row)
+        return live
+
+    def _build(self, rows: list[Row], allocator: Any, lockstep: bool) -> tuple[list, list, list[int], list[float]]:
+        """Every row's tree under its budget (``allocator``'s share of the step's, if any),
+        trimmed to the batch budget; each row's session, limit and policy time (its build less
+        its drafting)."""
+        # The engine alone bounds a tree: the policy's largest, or the room left in the context.
+        limits = [min(r.policy.max_budget, self.max_positions - (len(r.committed) - 1)) for r in rows]
+        total = None
+        if allocator is not None:
+            caps, total = limits, allocator.total(limits)
+            if total < len(rows):
+                raise ValueError(f"allocator {allocator.name!r}: batch budget {total} is below the "
+                                 f"{len(rows)} live sequences (each tree needs its root)")
+            limits = allocator.budgets(caps, [r.out.steps for r in rows], total)
+            if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
+                raise EngineError(f"allocator {allocator.name!r} returned budgets {limits} outside [1, {caps}]")
+
+        def new_session(b: int, cls: type[DraftSession]) -> DraftSession:
+            row = rows[b]
+            return cls(row.drafter, row.committed[-1], self.target.device, row.generator,
+                       context_len=len(row.committed))
+
+        trees, sessions, policy_times = build_trees([r.policy for r in rows], [r.drafter for r in rows],
+                                                    new_session, limits, lockstep)
+        if allocator is not None:
+            trees = allocator.trim(trees, total)
+            if sum(len(t) for t in trees) > total:
+                raise EngineError(f"allocator {allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "
+                                  f"over the batch budget {total}")
+        return trees, sessions, limits, policy_times
+
+    def _verify_and_read(self, rows: list[Row], trees: list[DraftTree], limits: list[int], flags: list,
+                         logits: list[torch.Tensor], verifier: Verifier) -> list[StepRead]:
+        """Verify every row (the one place a step's verdict is decided), then read all verdicts
+        in ONE device-to-host transfer; an invalid tree is refused naming its policy."""
+        records, paths = [], []
+        for row, tree, limit, ok, row_logits in zip(rows, trees, limits, flags, logits):
+            try:
+                last, bonus = checked_decision(verifier.name, tree, verifier.verify(tree, row_logits, row.generator),
+                                               self.target.vocab_size, self.strict)
+            except Exception:
+                # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise
+            packed, path = pack_step(tree, last, bonus, ok)
+            records.append(packed)
+            paths.append(path)
+        flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
+        reads, at = [], 0
+        for row, tree, limit, path in zip(rows, trees, limits, paths):
+            size = 2 + 4 * len(tree)
+            read = unpack_step(len(tree), flat[at : at + size], path)
+            at += size
+            if not read.ok:
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
+            reads.append(read)
+        return reads
+
+
+@dataclass
+class Row:
+    """One sequence while it decodes: its own drafter, policy and generator, its committed
+    tokens (prompt included) and its output so far.
+
+    ``index``: the prompt's place in the call; ``slot``: which of the decoder's drafter/policy
+    pairs it uses (a batch reuses the slots that finished rows freed).
+    """
+
+    index: int
+    slot: int
+    drafter: Drafter
+    policy: TreePolicy
+    committed: list[int]
+    out: GenerationOutput
+    generator: torch.Generator | None = None
+    on_step: Callable[[StepView], None] | None = None
+
+
+def cut_output(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:
+    """The tokens a row emits of its verdict: at most ``remaining``, ending at its first EOS."""
+    emitted = tokens[:remaining]
+    for i, tok in enumerate(emitted):
+        if tok in eos:
+            return emitted[: i + 1]
+    return emitted
+
+
+def _row_share(stats: StepStats, live: int) -> StepStats:
+    """What a batch-priced policy learns from: its own drafting and building, and ``1 / live``
+    of the batch's forward, verification and bookkeeping (the step's cost spread over its rows,
+    as its row curve spreads the forward). The recorded step keeps the whole batch's times,
+    since the sequence waited for them."""
+    if live == 1:
+        return stats
+    return dataclasses.replace(stats, target_time=stats.target_time / live, verify_time=stats.verify_time / live,
+                               other_time=stats.other_time / live)

@@ -146,7 +146,7 @@ def test_one_host_read_per_step_for_the_whole_batch():
         # The plugins' own reads are theirs (tests/test_host_reads.py pins them): not counted here.
         policy.build = _counted(policy.build, plugins, engine)
         drafter.commit = _counted(drafter.commit, plugins, engine)
-    batch._step = _counted(batch._step, engine)
+    dec._step = _counted(dec._step, engine)  # the one step (batched here)
     out = batch.generate(prompts, max_new_tokens=MAX_NEW, eos_token_id=None)
     assert engine.total == len(out.step_times), engine.counts
     assert plugins.total > 0  # the patch is in place: the drafter does read (its n-gram lookups)
@@ -378,14 +378,14 @@ def test_continuous_batching_never_runs_more_than_max_live_rows():
     prompts = [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40], [2, 2], [1, 2, 3], [4, 4, 4, 4]]
     batcher = BatchDecoder(decoder("ngram"))
     live_per_step = []
-    step = batcher._step
+    step = batcher.decoder._step  # the engine's one step serves the batch
 
     def counted(kv, rows, *args):
         live_per_step.append(len(rows))
         assert len(kv.lengths) == len(rows)  # the cache has exactly the live rows
         return step(kv, rows, *args)
 
-    batcher._step = counted
+    batcher.decoder._step = counted
     out = batcher.generate(prompts, max_new_tokens=6, eos_token_id=None, max_live=2)
     assert max(live_per_step) == 2 and live_per_step[0] == 2
     assert sum(len(o.steps) for o in out.outputs) == sum(live_per_step)
