@@ -94,7 +94,9 @@ class BatchDecoder:
     or ``"flat"`` (every tree's real nodes in one row: :class:`specframe.batch_flat.FlatKV`;
     docs/batching.md says when it pays). ``batch_drafts``: build the rows' trees in lockstep so
     that a drafter with ``expand_batch`` drafts a layer of every row in one forward (False: one
-    row after another, each drafting alone).
+    row after another, each drafting alone). ``kv_factory(target, layout, reserve=...)``: builds
+    each call's KV layout (default :func:`specframe.batch_flat.make_batch_kv`; a replay passes
+    one that answers from its trace).
     Rows are reused across calls (each generation calls ``begin`` / ``reset``).
     """
 
@@ -102,11 +104,12 @@ class BatchDecoder:
         self, decoder: SpecDecoder, allocator: Any = "equal",
         drafter_factory: Callable[[SpecDecoder], Drafter] = rebuild_drafter,
         policy_factory: Callable[[SpecDecoder], TreePolicy] = rebuild_policy, layout: str = "padded",
-        batch_drafts: bool = True,
+        batch_drafts: bool = True, kv_factory: Callable[..., Any] = make_batch_kv,
     ) -> None:
         self.decoder = decoder
         self.layout = check_layout(layout)
         self.batch_drafts = batch_drafts
+        self.kv_factory = kv_factory
         self.allocator: BatchAllocator = make_allocator(allocator)
         self._drafter_factory = drafter_factory
         self._policy_factory = policy_factory
@@ -165,7 +168,7 @@ class BatchDecoder:
         width = len(ids) if max_live is None else min(max_live, len(ids))
         curves = self._batch_curves(width)
         start = time.perf_counter()
-        kv = make_batch_kv(dec.target, self.layout, reserve=max_new_tokens + 1)
+        kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
         result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids))
         rows = self._begin(kv, ids[:width], generators, result)
         waiting = list(range(width, len(ids)))

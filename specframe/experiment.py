@@ -168,6 +168,39 @@ class SpecRunner:
             accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views,
         )
 
+    def prepare_batch(self, config: ExperimentConfig, prompts: list[list[int]], eos: set[int]) -> None:
+        """Build the batched decoder once: its rows' drafters and policies (a draft model or head
+        loads) and, with ``warmup``, one untimed pass of the batched path."""
+        if "batch" in self.__dict__:
+            return
+        from .batch import BatchDecoder
+
+        self.batch = BatchDecoder(self.decoder, (config.batch_allocator, {"budget": None}))
+        self.batch.prepare(config.batch_size)
+        if config.warmup:
+            self.batch.generate(prompts, 2, sorted(eos) or None)
+            self.batch.forget_rows()
+            self.batch.prepare(config.batch_size)
+
+    def generate_batch(self, prompts: list[list[int]], config: ExperimentConfig, eos: set[int], seeds: list,
+                       live: int | None) -> tuple[list[ArmOutput], list[float], None]:
+        """One batch of ``prompts`` (``live``: continuous batching); the outputs, each
+        sequence's latency, and None (the caller's clock is the wall time)."""
+        outs, latency, _ = batch_answers(self.batch, prompts, config, eos, seeds, live)
+        return outs, latency, None
+
+
+def batch_answers(batcher: Any, prompts: list[list[int]], config: ExperimentConfig, eos: set[int], seeds: list,
+                  live: int | None) -> tuple[list[ArmOutput], list[float], Any]:
+    """``batcher`` (a ``BatchDecoder``) on one batch under the experiment's allocator budget:
+    every sequence's :class:`ArmOutput` and latency, and the ``BatchOutput``."""
+    rows = min(len(prompts), config.batch_size)
+    batcher.allocator.options.budget = config.batch_budget and config.batch_budget * rows
+    res = batcher.generate(prompts, config.max_new_tokens, sorted(eos) or None, seeds=seeds, max_live=live)
+    outs = [ArmOutput(list(o.tokens), len(o.steps), sum(s.draft_forwards for s in o.steps),
+                      [s.emitted for s in o.steps], steps=o.steps) for o in res.outputs]
+    return outs, res.latencies, res
+
 
 def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: ExperimentConfig) -> Any:
     """The runner of one arm (drafter models load here); a failure names the arm."""
@@ -546,7 +579,6 @@ class Experiment:
         so a drafter that keeps state across requests sees the same chunks before each of its
         answers whether or not the run was resumed (it decodes the earlier ones untimed).
         """
-        from .batch import BatchDecoder
         from .batch_baseline import autoregressive_batch, autoregressive_refill
 
         cfg = self.config
@@ -569,17 +601,15 @@ class Experiment:
                 if not qs:
                     continue
                 prompts = [self._single_turn_prompt(encoder, q, target) for q in qs]
-                if isinstance(runner, SpecRunner) and "batch" not in runner.__dict__:
-                    # Rows' drafters and policies are built (a draft model or head loads) before the clock.
-                    runner.batch = BatchDecoder(runner.decoder, (cfg.batch_allocator, {"budget": None}))
-                    runner.batch.prepare(cfg.batch_size)
-                    if cfg.warmup:  # the batched path once, untimed, like the arms' warm-up
-                        runner.batch.generate(prompts, 2, sorted(eos) or None)
-                        runner.batch.forget_rows()
-                        runner.batch.prepare(cfg.batch_size)
+                seeds = [self._generator(repeat, 0, q.question_id) for q in qs]
+                if hasattr(runner, "generate_batch"):
+                    runner.prepare_batch(cfg, prompts, eos)  # before the clock: rows built, warmed up
                 _sync(target.device)
                 start = time.perf_counter()
-                if arm.baseline == "autoregressive" and live:
+                projected = None
+                if hasattr(runner, "generate_batch"):
+                    outs, latency, projected = runner.generate_batch(prompts, cfg, eos, seeds, live)
+                elif arm.baseline == "autoregressive" and live:
                     tokens = autoregressive_refill(target, prompts, cfg.max_new_tokens, eos, live)
                     outs = [ArmOutput(t, len(t), 0, [1] * len(t)) for t in tokens]
                     latency = None
@@ -588,18 +618,10 @@ class Experiment:
                     outs = [ArmOutput(t, len(t), 0, [1] * len(t)) for t in tokens]
                     latency = None
                 else:
-                    if not isinstance(runner, SpecRunner):
-                        raise ExperimentError(f"batch_size = {cfg.batch_size}: arm {arm.name!r} does not decode "
-                                              "with the engine, so it cannot batch; set batch_size = 1")
-                    batcher = runner.batch
-                    batcher.allocator.options.budget = cfg.batch_budget and cfg.batch_budget * min(len(qs), cfg.batch_size)
-                    res = batcher.generate(prompts, cfg.max_new_tokens, sorted(eos) or None,
-                                           seeds=[self._generator(repeat, 0, q.question_id) for q in qs], max_live=live)
-                    outs = [ArmOutput(list(o.tokens), len(o.steps), sum(s.draft_forwards for s in o.steps),
-                                      [s.emitted for s in o.steps], steps=o.steps) for o in res.outputs]
-                    latency = res.latencies
+                    raise ExperimentError(f"batch_size = {cfg.batch_size}: arm {arm.name!r} does not decode "
+                                          "with the engine, so it cannot batch; set batch_size = 1")
                 _sync(target.device)
-                wall = time.perf_counter() - start
+                wall = time.perf_counter() - start if projected is None else projected
                 total = max(1, sum(len(o.tokens) for o in outs))
                 for i, (q, prompt, out) in enumerate(zip(qs, prompts, outs)):
                     if (repeat, answer_key(q.question_id, repeat), arm.name) not in work:

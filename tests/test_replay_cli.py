@@ -59,6 +59,48 @@ def test_run_replay_reproduces_tau_and_delta_and_marks_arms(recorded) -> None:
     assert "(replay)" in (tmp / "replayed" / "report.md").read_text()
 
 
+def _records(run_dir) -> dict:
+    from specframe.runs import read_answers
+
+    return {(path.stem, r["question_id"]): r for path in sorted((run_dir / "answers").glob("*.jsonl"))
+            for r in read_answers(path)}
+
+
+@pytest.mark.parametrize("batch", ["batch_size = 2", "batch_size = 3\nbatch_refill = true"])
+def test_a_replayed_batch_takes_the_live_batch_s_steps(recorded, batch) -> None:
+    """The trace of the unbatched run replays a batched experiment: every sequence's tokens,
+    target forwards and draft forwards equal the live batch's, and the projected shares of a
+    batch's wall time add up to it."""
+    tmp = recorded
+    text = (tmp / "exp.toml").read_text().replace("threads = 1\n", f"threads = 1\n{batch}\n")
+    (tmp / "batched.toml").write_text(text)
+    runner = CliRunner()
+    for args in (["run", str(tmp / "batched.toml"), "--no-progress", "--out", str(tmp / "live-batch"), "--fresh"],
+                 ["run", str(tmp / "batched.toml"), "--replay", str(tmp / "trace"), "--out",
+                  str(tmp / "replay-batch"), "--no-progress", "--fresh"]):
+        result = runner.invoke(cli, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    live, replay = _records(tmp / "live-batch"), _records(tmp / "replay-batch")
+    assert live.keys() == replay.keys() and len(live) == 12
+    for key, record in live.items():
+        got = replay[key]
+        assert got["output_ids"] == record["output_ids"], key
+        assert got["choices"][0]["decoding_steps"] == record["choices"][0]["decoding_steps"], key
+        assert got["choices"][0]["accept_lengths"] == record["choices"][0]["accept_lengths"], key
+        assert got["draft_forwards"] == record["draft_forwards"], key
+        assert (got.get("steps") or {}).get("tree_size") == (record.get("steps") or {}).get("tree_size"), key
+        assert got["batch"]["size"] == record["batch"]["size"]
+        assert got["batch"]["latency"] > 0 and got["choices"][0]["wall_time"][0] > 0
+    for arm in ("autoregressive", "talon"):
+        batches: dict = {}
+        for (name, _qid), record in replay.items():
+            if name == arm:
+                batches.setdefault(record["batch"]["wall"], []).append(record["choices"][0]["wall_time"][0])
+        for wall, shares in batches.items():
+            assert sum(shares) == pytest.approx(wall, rel=1e-3)
+    assert _summary(tmp / "replay-batch")["talon"]["overall"]["tau"] == _summary(tmp / "live-batch")["talon"]["overall"]["tau"]
+
+
 def test_replay_refuses_a_trace_of_other_settings(recorded) -> None:
     tmp = recorded
     other = tmp / "other.toml"

@@ -59,9 +59,23 @@ class StepModel:
         """T(n) with ``context - 1`` tokens cached (the root enters with the tree)."""
         return self.curve_scale * self.curve.time(n, max(context - 1, 0))
 
+    def batch_step_seconds(self, rows: int, context: int) -> tuple[float, float]:
+        """``(target, rest)`` seconds of a batched step whose forward computes ``rows`` rows
+        (all trees' nodes, padding included) with at most ``context`` tokens committed: the
+        curve prices them as one sequence's ``rows``-node tree at the longest context. The
+        linears, which dominate a CPU forward, see the same rows; attention over several
+        prefixes is priced as over one, so a replayed batch's time is an approximation
+        (its tokens, steps and draft forwards are exact)."""
+        return self.target_seconds(rows, context), self.rest_seconds(rows)
+
     def ar_seconds(self, context: int) -> float:
         """One autoregressive step after ``context`` tokens."""
         return self.ar_ratio * self.curve.time(1, context)
+
+    def ar_batch_seconds(self, rows: int, context: int) -> float:
+        """One batched autoregressive step of ``rows`` sequences, the longest at ``context``
+        (priced as :meth:`batch_step_seconds` prices a speculative one)."""
+        return self.ar_ratio * self.curve.time(rows, context)
 
     def rest_seconds(self, n: int) -> float:
         """Verification, read-back and compaction of an n-node tree."""

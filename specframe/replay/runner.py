@@ -21,14 +21,14 @@ from ..config import ArmConfig, ExperimentConfig
 from ..data import Question
 from ..engine import SpecDecoder, make_plugin
 from ..errors import ContextError, one_line, warn
-from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where
+from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, batch_answers
 from ..options import NoOptions
 from ..plugins import get_registry
 from ..profile import CostCurve
 from ..runs import RunFile
 from .projection import ProjectedPolicy, StepModel
 from .record import config_hash, experiment_settings, layers_read, placeholder_states
-from .target import ReplayTarget, ReplayVerifier
+from .target import ReplayKV, ReplayTarget, ReplayVerifier
 from .trace import Trace, TraceError
 
 #: Exactness declarations a replay accepts (weakest last).
@@ -159,6 +159,62 @@ class ReplayRunner:
         return result
 
 
+    def prepare_batch(self, config: ExperimentConfig, prompts: list[list[int]], eos: set[int]) -> None:
+        """The batched decoder of this arm, built once: the live batch's engine over
+        :class:`ReplayKV` (its policy unwrapped: a batch step is projected as a whole)."""
+        if "batch" in self.__dict__:
+            return
+        policy = self.decoder.policy.inner
+        if policy.wants_batch_curve:
+            raise ReplayError(f"policy {policy.name!r} prices a live batch from the target's batch curves, which a "
+                              "trace does not hold: replay it with batch_size = 1, or run the batch live")
+        from ..batch import BatchDecoder
+
+        dec = self.decoder
+        plain = SpecDecoder(dec.target, dec.drafter, policy, dec.verifier, strict=dec.strict)
+        self._turns: list = []
+        self.batch = BatchDecoder(plain, (config.batch_allocator, {"budget": None}),
+                                  kv_factory=self._replay_kv)
+        self.batch.prepare(config.batch_size)
+
+    def generate_batch(self, prompts: list[list[int]], config: ExperimentConfig, eos: set[int], seeds: list,
+                       live: int | None) -> tuple[list[ArmOutput], list[float], float]:
+        """One replayed batch: the live batch's outputs and steps, each sequence's projected
+        latency and the batch's projected wall time.
+
+        A step is projected as the single path projects one: its measured time, less its
+        replayed forward and verification, plus :meth:`StepModel.batch_step_seconds` of the
+        forward's shape (the steps' ``target_time`` / ``verify_time`` carry the projected parts).
+        """
+        turns = [self.target.use(p) for p in prompts]
+        self._turns[:] = turns
+        start = time.perf_counter()
+        outs, _latency, res = batch_answers(self.batch, prompts, config, eos, seeds, live)
+        wall = time.perf_counter() - start
+        self.seconds += wall
+        kv = self._kv
+        at = [kv.joined_at[tuple(t.prompt)] for t in turns]
+        replayed = [0.0] * len(res.step_times)
+        for start_step, out in zip(at, outs):
+            for k, step in enumerate(out.steps, start_step):
+                replayed[k] = step.target_time + step.verify_time  # one batch-wide value per step
+        projected = [self.model.batch_step_seconds(rows, ctx) for rows, ctx in kv.shapes]
+        for start_step, out in zip(at, outs):
+            for k, step in enumerate(out.steps, start_step):
+                step.target_time, step.verify_time = projected[k]
+        steps = [t - r + sum(p) for t, r, p in zip(res.step_times, replayed, projected)]
+        prefills = [self.model.prefill_seconds(len(p), t.prefill_seconds) for p, t in zip(prompts, turns)]
+        first = min(len(prompts), live or len(prompts))
+        latency = [(sum(prefills[:first]) if i < first else prefills[i]) + sum(steps[a : a + out.target_forwards])
+                   for i, (a, out) in enumerate(zip(at, outs))]
+        return outs, latency, wall - sum(res.step_times) + sum(steps) + sum(prefills)
+
+    def _replay_kv(self, target: ReplayTarget, layout: str, reserve: int = 0) -> ReplayKV:
+        """The KV layout of one replayed batch call (kept for its recorded shapes)."""
+        self._kv = ReplayKV(target, self._turns, layout)
+        return self._kv
+
+
 class ReplayAutoregressive:
     """The autoregressive arm, projected: the recorded tokens at one autoregressive step each."""
 
@@ -185,6 +241,40 @@ class ReplayAutoregressive:
         self.seconds += result.replay_wall
         result.projected_wall = seconds
         return result
+
+    def prepare_batch(self, config: ExperimentConfig, prompts: list[list[int]], eos: set[int]) -> None:
+        """Nothing to build: the recorded answers are the batch's."""
+
+    def generate_batch(self, prompts: list[list[int]], config: ExperimentConfig, eos: set[int], seeds: list,
+                       live: int | None) -> tuple[list[ArmOutput], list[float], float]:
+        """The recorded answers of a batched autoregressive run, and its projected latencies and
+        wall time: every step one forward of the live rows' last tokens at the longest context
+        (a static batch keeps all its rows until the longest answer ends; ``live``: a finished
+        row's place goes to the next prompt, which is prefilled then)."""
+        answers = [self.generate(p, config.max_new_tokens, eos) for p in prompts]
+        prefills = [self.model.prefill_seconds(len(p), self.target.use(p).prefill_seconds) for p in prompts]
+        width = min(len(prompts), live or len(prompts))
+        clock = sum(prefills[:width])
+        rows = {i: 0 for i in range(width)}  # live row -> tokens emitted
+        waiting, latency = list(range(width, len(prompts))), [0.0] * len(prompts)
+        joined = [0.0] * len(prompts)
+        while rows:
+            context = max(len(prompts[i]) + n for i, n in rows.items())
+            clock += self.model.ar_batch_seconds(len(rows), context)
+            for i in list(rows):
+                rows[i] += 1
+                if rows[i] == len(answers[i].tokens):
+                    latency[i] = clock - joined[i]
+                    if live is not None:  # a static batch pads a finished row to the end
+                        del rows[i]
+            if live is None and all(rows[i] >= len(answers[i].tokens) for i in rows):
+                rows = {}
+            while live is not None and waiting and len(rows) < width:
+                i = waiting.pop(0)
+                joined[i] = clock
+                clock += prefills[i]
+                rows[i] = 0
+        return answers, latency, clock
 
 
 class ReplayExperiment(Experiment):

@@ -14,6 +14,7 @@ The live engine is untouched: the same ``SpecDecoder`` runs with this target and
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +64,14 @@ class ReplayTarget(TargetModel):
                              "prompts differ from the recorded ones (record the trace again)")
         if found is not self.current:
             self.current = found
-            self._sequence = torch.tensor(found.prompt + found.continuation + [NO_TOKEN], dtype=torch.long,
-                                          device=self.device)
-            self._hidden = self.trace.hidden(found, self.device)
+            self._sequence, self._hidden = self.recorded(found)
         return found
+
+    def recorded(self, found: PromptTrace) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """A recorded turn as the forwards read it: prompt + continuation + :data:`NO_TOKEN`,
+        and its stored hidden layers."""
+        sequence = torch.tensor(found.prompt + found.continuation + [NO_TOKEN], dtype=torch.long, device=self.device)
+        return sequence, self.trace.hidden(found, self.device)
 
     # ------------------------------------------------------------------ cache bookkeeping
     def reset(self, capacity: int | None = None) -> None:
@@ -87,20 +92,21 @@ class ReplayTarget(TargetModel):
         positions = positions.to(self.device)
         self.last_context = self.cache_len + 1
         self.cache_len += int(tokens.shape[0])
-        nxt = self._sequence[(positions + 1).clamp(max=len(self._sequence) - 1)]
-        return ReplayOutput(nxt[None], self._hidden_rows(positions) if output_hidden_states else None)
+        nxt = next_ids(self._sequence, positions)
+        return ReplayOutput(nxt[None], self.hidden_rows(self._hidden, positions) if output_hidden_states else None)
 
-    def _hidden_rows(self, positions: torch.Tensor) -> list:
-        """The stored layers at ``positions`` (a node off the continuation gets the state of its
-        depth's continuation token: only accepted nodes' rows are ever read)."""
-        if not self._hidden:
+    def hidden_rows(self, hidden: dict[int, torch.Tensor], positions: torch.Tensor) -> list:
+        """The stored layers ``hidden`` at ``positions``, ``[1, q, H]`` each (a node off the
+        continuation gets the state of its depth's continuation token: only accepted nodes'
+        rows are ever read)."""
+        if not hidden:
             raise TraceError(f"trace {self.trace.path} holds no hidden states, but a drafter asks for them: "
                              "record the trace with that drafter in the experiment file")
         # As long as the model's own tuple (embeddings + one per layer): heads derive default
         # layer ids from its length.
-        layers = max(self._text_config_layers() + 1, max(self._hidden) + 1)
+        layers = max(self._text_config_layers() + 1, max(hidden) + 1)
         out: list = [None] * layers
-        for i, h in self._hidden.items():
+        for i, h in hidden.items():
             out[i] = h[positions.clamp(max=len(h) - 1)][None]
         return out
 
@@ -109,6 +115,95 @@ class ReplayTarget(TargetModel):
         cfg = self.model.config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         return int(getattr(cfg, "num_hidden_layers", 0) or 0)
+
+
+def next_ids(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The recorded token after each of ``positions`` (:data:`NO_TOKEN` past the recording)."""
+    return sequence[(positions + 1).clamp(max=len(sequence) - 1)]
+
+
+class ReplayKV:
+    """The batch KV layout of a replay: each row answers from its own recorded turn.
+
+    The engine's step runs on it exactly as on a live batch layout (one "forward" for all
+    rows, per-row verdicts, ``keep`` of the accepted paths), so a replayed batch takes the
+    live batch's decisions. ``turns``: the recorded turns of the call's prompts; each prefill
+    or join matches its prefixes (prompts without their root) to them in order. ``layout``: the
+    live layout whose forward shape :attr:`shapes` records (``padded``: rows x the largest
+    tree; ``flat``: all trees' nodes).
+    """
+
+    def __init__(self, target: ReplayTarget, turns: list[PromptTrace], layout: str = "padded") -> None:
+        self.target = target
+        self.layout = layout
+        self._waiting = list(turns)
+        self.lengths: list[int] = []
+        self.last_rows = 0
+        self._rows: list[tuple[torch.Tensor, dict[int, torch.Tensor]]] = []
+        #: Per step: (rows the live forward computes, the longest context): what the projection prices.
+        self.shapes: list[tuple[int, int]] = []
+        #: Per step: seconds this replayed forward took (the projection replaces them).
+        self.forward_seconds: list[float] = []
+        #: Recorded turn (its prompt) -> the step before which it joined.
+        self.joined_at: dict[tuple[int, ...], int] = {}
+
+    @property
+    def width(self) -> int:
+        """The longest row's cached prefix (only its value before a forward is passed back)."""
+        return max(self.lengths, default=0)
+
+    def prefill(self, prefixes: list[torch.Tensor], hidden: bool = False, logits: bool = False) -> Any:
+        """Start the rows of ``prefixes``; returns the recorded states of their prompts."""
+        self.lengths, self._rows = [], []
+        return self.join(prefixes, hidden, logits)
+
+    def join(self, prefixes: list[torch.Tensor], hidden: bool = False, logits: bool = False) -> Any:
+        """Add rows; returns their prompts' recorded hidden states (``[B, P, H]`` per stored
+        layer) when asked, else None."""
+        rows = [self._take(prefix.tolist()) for prefix in prefixes]
+        self._rows += rows
+        self.lengths = self.lengths + [int(p.numel()) for p in prefixes]
+        if not hidden or not max(int(p.numel()) for p in prefixes):
+            return None
+        width = max(int(p.numel()) for p in prefixes)
+        per_row = [self.target.hidden_rows(h, torch.arange(width, device=self.target.device)) for _, h in rows]
+        states = [None if layer[0] is None else torch.cat(list(layer)) for layer in zip(*per_row)]
+        return ReplayOutput(None, states)
+
+    def _take(self, prefix: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        for i, turn in enumerate(self._waiting):
+            if turn.prompt[:-1] == prefix:
+                self.joined_at[tuple(turn.prompt)] = len(self.shapes)
+                return self.target.recorded(self._waiting.pop(i))
+        raise TraceError(f"a prompt of {len(prefix) + 1} tokens is not among the recorded turns of this batch")
+
+    def tree_forward(self, trees: list[DraftTree], hidden: bool = False) -> ReplayOutput:
+        """Every row's recorded next ids at its tree's positions (and hidden states if asked)."""
+        start = time.perf_counter()
+        ids, states = [], []
+        for tree, length, (sequence, stored) in zip(trees, self.lengths, self._rows):
+            positions = tree.positions(length + 1).to(self.target.device)
+            ids.append(next_ids(sequence, positions))
+            states.append(self.target.hidden_rows(stored, positions) if hidden else None)
+        sizes = [len(tree) for tree in trees]
+        self.last_rows = sum(sizes) if self.layout == "flat" else len(sizes) * max(sizes)
+        self.shapes.append((self.last_rows, max(length + 1 for length in self.lengths)))
+        self.forward_seconds.append(time.perf_counter() - start)
+        return ReplayOutput(ids, states)
+
+    def rows_of(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Row b's next ids (the output is per row already)."""
+        return values
+
+    def hidden_rows(self, out: ReplayOutput) -> list:
+        """Row b's recorded hidden layers at its tree's nodes."""
+        return out.hidden_states
+
+    def keep(self, paths: list[torch.Tensor | None], tree_start: int, contiguous: Any = None) -> None:
+        """Grow each live row by its accepted path; rows whose path is None leave."""
+        live = [b for b, p in enumerate(paths) if p is not None]
+        self.lengths = [self.lengths[b] + int(paths[b].numel()) for b in live]
+        self._rows = [self._rows[b] for b in live]
 
 
 class ReplayVerifier(Verifier):
@@ -121,15 +216,19 @@ class ReplayVerifier(Verifier):
     name = "greedy"
     lossless = True
     sampling = False
+    #: Seconds spent verifying (a live step's verification is priced by the projection instead).
+    seconds = 0.0
 
     def verify(self, tree: DraftTree, target_logits: torch.Tensor,
                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``target_logits`` is ``[n]`` next-token ids here, not scores."""
+        start = time.perf_counter()
         nxt = target_logits.to(tree.device)
         match = tree.tokens == nxt[tree.parents.clamp(min=0)]
         match[0] = True
         accepted = (tree.ancestor_mask() & ~match[None, :]).sum(dim=1) == 0
         depth = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
         last = depth.argmax()
+        self.seconds += time.perf_counter() - start
         # Past the recording the id is -1: any valid token will do, the engine cuts it off.
         return last, nxt[last].clamp(min=0)
