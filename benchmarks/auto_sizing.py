@@ -111,9 +111,9 @@ def warm_cost_curve(config: Any) -> str:
     """Measure (or read) the target's cost curve before the timed run, under the run's threads."""
     import torch
 
-    from specframe.experiment import ModelPool
-    from specframe.profile import curve_for
-    from specframe.target import TargetModel
+    from specframe.experiments.experiment import ModelPool
+    from specframe.sizing.profile import curve_for
+    from specframe.models.target import TargetModel
 
     before = torch.get_num_threads()
     if config.threads:
@@ -234,9 +234,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> str:
     """Run one table and print it; returns the printed text."""
-    from specframe.config import load_config
-    from specframe.experiment import run_experiment
-    from specframe.report import write_report
+    from specframe.experiments.config import load_config
+    from specframe.experiments.experiment import run_experiment
+    from specframe.experiments.report import write_report
 
     args = parse(argv)
     out_dir = args.out / f"{args.pair}-{args.drafter}-{args.table}"

@@ -4,7 +4,7 @@ One interleaved run: the prompts are cut into batches of B, and every arm decode
 turn (ar, equal, shared, acceptance, ar, ...), so machine drift hits all arms alike.
 
 * ``ar``: transformers ``generate`` on the left-padded batch with its attention mask, greedy.
-* ``equal``: :mod:`specframe.batch` with the ``equal`` allocator; ``shared``: the ``shared``
+* ``equal``: :mod:`specframe.decode.batch` with the ``equal`` allocator; ``shared``: the ``shared``
   (ECHO-style, one gate over all trees) allocator; ``acceptance``: shares by recent accepted
   lengths. All get the same batch budget,
   ``B x --budget`` nodes per step, and each sequence's policy may build up to ``2 x --budget``
@@ -17,7 +17,7 @@ Continuous batching (``--refill``, default on, B > 1): the arms above get a ``+r
 that decodes a window of ``--window`` prompts (default: all) with at most B sequences live,
 a finished sequence's row going to the next prompt (``generate(max_live=B)``), beside
 ``ar-refill``, batched greedy decoding that refills the same way
-(:func:`specframe.batch_baseline.autoregressive_refill`). The arms take turns per window. A
+(:func:`specframe.experiments.batch_baselines.autoregressive_refill`). The arms take turns per window. A
 ``+refill`` arm's speedup is quoted against both ``ar`` (the static baseline) and ``ar-refill``
 (so what refilling alone buys is not credited to speculation); its latency is a sequence's
 time in the batch (prefill to last token), not counting its wait for a row.
@@ -90,10 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
     """The target (TargetModel), the encoded prompts and the EOS ids, as an experiment loads them."""
-    from specframe.config import parse_config
-    from specframe.data import PromptEncoder, load_questions
-    from specframe.experiment import ModelPool, load_tokenizer
-    from specframe.target import TargetModel
+    from specframe.experiments.config import parse_config
+    from specframe.experiments.data import PromptEncoder, load_questions
+    from specframe.experiments.experiment import ModelPool, load_tokenizer
+    from specframe.models.target import TargetModel
 
     pair = PAIRS[args.pair]
     raw = {"name": "batch-sweep", "max_new_tokens": args.max_new_tokens,
@@ -116,7 +116,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
 
 def decoder(args: argparse.Namespace, target: Any, budget: int | str) -> Any:
     """A SpecDecoder of the pair's drafter and the sweep's policy with ``budget`` (greedy)."""
-    from specframe.engine import SpecDecoder, make_plugin
+    from specframe.decode.engine import SpecDecoder, make_plugin
 
     name, options = PAIRS[args.pair]["drafters"][args.drafter]
     drafter = make_plugin("drafters", (name, args.pool.substitute(dict(options))), target)
@@ -127,7 +127,7 @@ def decoder(args: argparse.Namespace, target: Any, budget: int | str) -> Any:
 def batchers(args: argparse.Namespace, target: Any) -> dict[str, Any]:
     """One BatchDecoder per speculative arm, rows built and every code path run once, untimed.
     A ``/per-row`` twin (``--per-row-drafts``) has its own decoder, so no adaptive state is shared."""
-    from specframe.batch import BatchDecoder
+    from specframe.decode.batch import BatchDecoder
 
     def arm(name: str, batch_drafts: bool) -> Any:
         if name == "auto":
@@ -154,14 +154,14 @@ def refills(args: argparse.Namespace, size: int) -> bool:
 def autoregressive_refill(target: Any, prompts: list[list[int]], max_new: int, eos: set[int], size: int,
                           layout: str) -> list[list[int]]:
     """Batched greedy decoding with at most ``size`` rows live, refilled as rows finish."""
-    from specframe.batch_baseline import autoregressive_refill as refill
+    from specframe.experiments.batch_baselines import autoregressive_refill as refill
 
     return refill(target, prompts, max_new, eos, size, layout)
 
 
 def ar_batch(model: Any, prompts: list[list[int]], max_new: int, eos: set[int]) -> tuple[list[list[int]], float]:
-    """Batched autoregressive decoding (:func:`specframe.batch.autoregressive_batch`): (tokens, wall seconds)."""
-    from specframe.batch_baseline import autoregressive_batch
+    """Batched autoregressive decoding (:func:`specframe.decode.batch.autoregressive_batch`): (tokens, wall seconds)."""
+    from specframe.experiments.batch_baselines import autoregressive_batch
 
     t0 = time.perf_counter()
     tokens = autoregressive_batch(model, prompts, max_new, eos)

@@ -19,7 +19,7 @@ import time
 import torch
 
 import specframe
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.synthetic import SyntheticDrafter, make_session
 
 BUDGET = 60

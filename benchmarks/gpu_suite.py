@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 import specframe
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = {"chain": ("chain", {"gamma": 4}), "eagle": ("eagle", {}), "talon": ("talon", {}),
@@ -185,9 +185,9 @@ def step_split(target_model: Any, draft_model: Any, plan: Plan) -> dict:
 def demo_end_to_end(plan: Plan, out_dir: Path) -> dict:
     """All arms of examples/demo-tiny.toml (the tiny code pair) plus the auto arms, per dtype;
     returns {dtype: {arm: metrics}}."""
-    from specframe.config import ArmConfig, PluginRef, load_config
-    from specframe.experiment import run_experiment
-    from specframe.report import write_report
+    from specframe.experiments.config import ArmConfig, PluginRef, load_config
+    from specframe.experiments.experiment import run_experiment
+    from specframe.experiments.report import write_report
 
     results = {}
     for dtype in plan.demo_dtypes:
@@ -258,7 +258,7 @@ def compile_check(plan: Plan) -> dict:
     smoke mode a tiny random Llama.
     """
     if plan.device.type == "cuda":
-        from specframe.target import load_causal_lm
+        from specframe.models.target import load_causal_lm
 
         target_model = load_causal_lm("demo-target", dtype="float32", device="cuda")
         draft_model = load_causal_lm("demo-draft", dtype="float32", device="cuda")
@@ -289,8 +289,8 @@ def compile_check(plan: Plan) -> dict:
 def demo_cost_curve(plan: Plan) -> dict:
     """The quick cost curve of the demo target on this device (what an auto arm uses), as ms
     and T(n)/T(1) per cache length."""
-    from specframe.profile import measure
-    from specframe.target import load_causal_lm
+    from specframe.sizing.profile import measure
+    from specframe.models.target import load_causal_lm
 
     target = TargetModel(load_causal_lm("demo-target", dtype="float32", device=plan.device.type))
     curve = measure(target, sizes=tuple(plan.curve_sizes), reps=plan.reps)

@@ -21,9 +21,9 @@ import statistics
 
 import torch
 
-from specframe import profile
-from specframe.packed_linear import available_kernels, fastest_kernel, pack_linears
-from specframe.target import TargetModel, load_causal_lm
+from specframe.sizing import profile
+from specframe.models.packed_linear import available_kernels, fastest_kernel, pack_linears
+from specframe.models.target import TargetModel, load_causal_lm
 
 
 def targets(model_name: str) -> dict[str, TargetModel]:

@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from specframe.experiment import run_experiment
+from specframe.experiments.experiment import run_experiment
 from specframe.replay import record_trace
 from specframe.replay.sweep import load_sweep, run_sweep
 
@@ -48,8 +48,8 @@ def _sampled(configs: list, k: int) -> list:
 
 
 def _live_seconds(run_dir: Path, names: list[str]) -> dict[str, float]:
-    from specframe.runs import RunDir, read_answers
-    from specframe.runs.layout import slugify
+    from specframe.experiments.runs import RunDir, read_answers
+    from specframe.experiments.runs.layout import slugify
 
     out = {}
     for name in names:

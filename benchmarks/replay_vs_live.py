@@ -19,10 +19,10 @@ import json
 import time
 from pathlib import Path
 
-from specframe.config import load_config
-from specframe.experiment import run_experiment
+from specframe.experiments.config import load_config
+from specframe.experiments.experiment import run_experiment
 from specframe.replay import Trace, record_trace, replay_experiment
-from specframe.report import write_report
+from specframe.experiments.report import write_report
 
 
 def _config(args: argparse.Namespace):

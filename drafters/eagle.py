@@ -21,13 +21,13 @@ from typing import Any, ClassVar, Generator, Sequence
 
 import torch
 
-from specframe.batch_draft import DraftCall, row_visibility
-from specframe.batch_kv import pad_columns
+from specframe.decode.lockstep import DraftCall, row_visibility
+from specframe.decode.kv_padded import pad_columns
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
-from specframe.packed_linear import linear_kernel, pack_linears
+from specframe.models.packed_linear import linear_kernel, pack_linears
 from specframe.selection import topk_per_row
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 from .eagle_checkpoint import load_head
@@ -137,7 +137,7 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def expand_batch(cls, calls: Sequence[DraftCall]) -> list[Any]:
-        """Several rows' calls (:class:`specframe.batch_draft.DraftCall`, one per row, each of
+        """Several rows' calls (:class:`specframe.decode.lockstep.DraftCall`, one per row, each of
         its own drafter) with ONE head forward per tree layer for the rows that share a head:
         their pairs packed ``[B, q_max]`` over their head caches stacked (zero-padded, masked).
         Each answer is what the row's own ``expand`` / ``expand_top`` returns, up to float

@@ -257,7 +257,7 @@ def load_head(path: str | Path, target: Any, kind: str | None = None, allow_pick
     ``eagle3``), when given, must match the checkpoint. The head ends up in ``dtype`` on ``device``
     (default: the target's).
     """
-    from specframe.assets import resolve_model_path
+    from specframe.models.assets import resolve_model_path
 
     directory = Path(resolve_model_path(str(path)))
     if not directory.exists():  # a hub id (resolve_model_path checked it looks like one)

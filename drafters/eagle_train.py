@@ -207,8 +207,8 @@ def _lr(cfg: TrainConfig, step: int, frac: float) -> float:
 def _load_target(cfg: TrainConfig) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
-    from specframe.assets import resolve_model_path
-    from specframe.target import load_causal_lm
+    from specframe.models.assets import resolve_model_path
+    from specframe.models.target import load_causal_lm
 
     path = resolve_model_path(cfg.target)
     model = load_causal_lm(path, dtype="float32", device=cfg.device, attn_implementation="sdpa")

@@ -7,12 +7,12 @@ from typing import Any, NoReturn, Sequence
 
 import torch
 
-from specframe.batch_draft import DraftCall, RowInputs, forward_rows
+from specframe.decode.lockstep import DraftCall, RowInputs, forward_rows
 from specframe.interfaces import Drafter
 from specframe.options import OptionError
-from specframe.pairs import check_same_tokenizer, model_source
+from specframe.models.pairs import check_same_tokenizer, model_source
 from specframe.selection import topk_per_row
-from specframe.target import TargetModel, load_causal_lm
+from specframe.models.target import TargetModel, load_causal_lm
 from specframe.tree import DraftTree
 
 #: What ``TargetModel.max_positions`` holds for a config that names no context length.
@@ -127,10 +127,10 @@ class ModelDrafter(Drafter):
 
     @classmethod
     def expand_batch(cls, calls: Sequence[DraftCall]) -> list[Any]:
-        """Several rows' calls (:class:`specframe.batch_draft.DraftCall`, one per row, each of
+        """Several rows' calls (:class:`specframe.decode.lockstep.DraftCall`, one per row, each of
         its own drafter) in ONE draft model forward for the rows that share a draft model: their
         queries packed ``[B, q_max]`` over their caches stacked (see
-        :func:`specframe.batch_draft.forward_rows`). Each answer is what the row's own
+        :func:`specframe.decode.lockstep.forward_rows`). Each answer is what the row's own
         ``expand`` / ``expand_top`` returns, up to float rounding of the other shapes."""
         plans = [call.drafter._plan(call.tree, call.nodes) for call in calls]
         jobs = [(call.drafter, query) for call, (_, query) in zip(calls, plans) if query is not None]
@@ -255,7 +255,7 @@ class _Query:
     todo: list[int]
 
     def inputs(self) -> RowInputs:
-        """As :func:`specframe.batch_draft.forward_rows` takes it."""
+        """As :func:`specframe.decode.lockstep.forward_rows` takes it."""
         return RowInputs(self.tokens, self.positions, self.mask, self.top)
 
 

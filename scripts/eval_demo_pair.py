@@ -45,7 +45,7 @@ def load_pair(assets: Path):
     """Target, draft (float32) and the shared tokenizer from ``assets``."""
     from transformers import AutoTokenizer
 
-    from specframe.target import load_causal_lm
+    from specframe.models.target import load_causal_lm
 
     target = load_causal_lm(str(assets / "target"), dtype="float32")
     draft = load_causal_lm(str(assets / "draft"), dtype="float32")

@@ -73,9 +73,9 @@ def main(head_path: str, heldout: Path, prompts: int, tokens: int, threads: int 
     """Print the head's held-out agreement and accepted lengths."""
     from transformers import AutoTokenizer
 
-    from specframe.assets import resolve_model_path
+    from specframe.models.assets import resolve_model_path
     from specframe.drafters.eagle_checkpoint import load_head
-    from specframe.target import load_causal_lm
+    from specframe.models.target import load_causal_lm
 
     if threads:
         torch.set_num_threads(threads)

@@ -39,8 +39,8 @@ SEEDS = [
 def _load(model_name: str):
     from transformers import AutoTokenizer
 
-    from specframe.assets import resolve_model_path
-    from specframe.target import load_causal_lm
+    from specframe.models.assets import resolve_model_path
+    from specframe.models.target import load_causal_lm
 
     path = resolve_model_path(model_name)
     return load_causal_lm(path, dtype="float32"), AutoTokenizer.from_pretrained(path)

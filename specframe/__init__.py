@@ -17,13 +17,15 @@ __version__ = "0.1.0"
 
 #: public name -> submodule defining it
 _EXPORTS = {
-    "EngineError": "engine", "GenerationOutput": "engine", "SpecDecoder": "engine", "StepView": "engine",
+    "EngineError": "decode.engine", "GenerationOutput": "decode.engine", "SpecDecoder": "decode.engine",
+    "StepView": "decode.engine", "BatchDecoder": "decode.batch", "BatchOutput": "decode.batch",
+    "generate_batch": "decode.batch", "BatchAllocator": "decode.allocate",
     "DraftSession": "interfaces", "Drafter": "interfaces", "StepStats": "interfaces",
     "TreePolicy": "interfaces", "Verifier": "interfaces",
     "BudgetOptions": "options", "OptionError": "options",
     "PluginError": "plugins", "available": "plugins", "get_registry": "plugins", "hookimpl": "plugins",
     "register_plugin": "plugins",
-    "TargetModel": "target", "UnsupportedModelError": "target", "load_causal_lm": "target",
+    "TargetModel": "models.target", "UnsupportedModelError": "models.target", "load_causal_lm": "models.target",
     "DraftTree": "tree", "InvalidTreeError": "tree",
     "top_indices": "selection", "topk_per_row": "selection",
     # the policy author's toolkit (docs/auto-sizing.md, docs/tutorial-policy.md)

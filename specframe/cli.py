@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from .errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
-from .options import describe_options, takes_options
-from .plugins import KINDS, SINGULAR, get_registry, normalise_dist
+from specframe.errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
+from specframe.options import describe_options, takes_options
+from specframe.plugins import KINDS, SINGULAR, get_registry, normalise_dist
 
 #: Added to errors we did not anticipate, which are most likely a plugin's or specframe's bug.
 DEBUG_HINT = f"rerun with --debug (or {DEBUG_VARIABLE}=1) for the traceback"
@@ -24,11 +24,11 @@ DEBUG_HINT = f"rerun with --debug (or {DEBUG_VARIABLE}=1) for the traceback"
 
 def user_message(err: BaseException) -> str:
     """The one-line text shown for ``err``; unexpected errors get a hint to use --debug."""
-    from .config import ConfigError
-    from .errors import ContextError
-    from .experiment import ExperimentError
-    from .options import OptionError
-    from .plugins import PluginError
+    from specframe.experiments.config import ConfigError
+    from specframe.errors import ContextError
+    from specframe.experiments.experiment import ExperimentError
+    from specframe.options import OptionError
+    from specframe.plugins import PluginError
 
     text = one_line(err)
     if isinstance(err, (ConfigError, ContextError, ExperimentError, OptionError, PluginError)):
@@ -87,7 +87,7 @@ def _allocators_table() -> Any:
     """The batch allocators (``register_batch_allocators``) with their module and options."""
     from rich.table import Table
 
-    from .batch_allocate import allocator_classes
+    from specframe.decode.allocate import allocator_classes
 
     table = Table(title="batch allocators", show_lines=False)
     for col in ("name", "module", "options (default)"):
@@ -124,9 +124,9 @@ def _console():
 
 def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None) -> None:
     """Validate, run (resuming), write the report, print the summary table and where the files are."""
-    from .config import ConfigError, load_config
-    from .experiment import ExperimentError, run_experiment
-    from .report import write_report
+    from specframe.experiments.config import ConfigError, load_config
+    from specframe.experiments.experiment import ExperimentError, run_experiment
+    from specframe.experiments.report import write_report
 
     try:
         config = load_config(config_path)
@@ -149,8 +149,8 @@ def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool
 
 def _print_summary(console: Any, summary: dict, prefix: str, run_dir: Path, title: str | None = None) -> None:
     """The summary table, its notes and where the report is."""
-    from .report import notice_lines, summary_table
-    from .runs import RunDir
+    from specframe.experiments.report import notice_lines, summary_table
+    from specframe.experiments.runs import RunDir
 
     console.print(summary_table(summary, title=title))
     for line in notice_lines(summary):
@@ -180,7 +180,7 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, tra
             raise click.UsageError("--curve needs --replay")
         _run_config(config, out, fresh, progress)
         return
-    from .replay.cli import replay_config
+    from specframe.replay.cli import replay_config
 
     replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary)
 
@@ -192,7 +192,7 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, tra
 def record_command(config: Path, out: Path, progress: bool) -> None:
     """Record CONFIG's target once per prompt (greedy continuation, hidden states its drafters
     need, cost curve, environment) into a trace directory for `run --replay` and `sweep`."""
-    from .replay.cli import record_config
+    from specframe.replay.cli import record_config
 
     record_config(config, out, progress, _console())
 
@@ -223,7 +223,7 @@ def sweep_command(sweep_file: Path, trace_dir: Path, out: Path | None, ray_addre
     ones are listed at the end and the exit code is 1. Rerunning the same command resumes:
     it replays only the failed and missing configurations. Rows of another base experiment,
     trace or curve are refused (--fresh discards them)."""
-    from .replay.cli import sweep_config
+    from specframe.replay.cli import sweep_config
 
     sweep_config(sweep_file, trace_dir, out, ray_address, workers, curve, progress, _console(), fail_fast, fresh)
 
@@ -254,14 +254,14 @@ def demo_command(pair: str, config_path: Path | None, out: Path | None, fresh: b
 @click.option("--plots/--no-plots", default=True, help="Redraw the figures.")
 def report_command(run_dir: Path, plots: bool) -> None:
     """Recompute summary.json, report.md and the plots of RUN_DIR from its answers."""
-    from .report import write_report
+    from specframe.experiments.report import write_report
 
     _print_summary(_console(), write_report(run_dir, plots=plots), "", run_dir)
 
 
 def _records_of(source: Path, arm: str | None) -> tuple[str, list[dict]]:
     """``(label, records)`` of an answers file, or of one arm of a run dir / experiment file."""
-    from .runs import read_answers
+    from specframe.experiments.runs import read_answers
 
     if arm is None:
         if not source.is_file():
@@ -274,12 +274,12 @@ def _records_of(source: Path, arm: str | None) -> tuple[str, list[dict]]:
 
 
 def _load_run(source: Path) -> dict:
-    from .metrics import load_run
-    from .runs import RunDir
+    from specframe.experiments.metrics import load_run
+    from specframe.experiments.runs import RunDir
 
     run_dir = source
     if source.is_file() and source.suffix == ".toml":
-        from .config import ConfigError, load_config
+        from specframe.experiments.config import ConfigError, load_config
 
         try:
             run_dir = load_config(source).output.dir
@@ -318,7 +318,7 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .metrics import compare
+    from specframe.experiments.metrics import compare
 
     if len(sources) not in (1, 2, 3):
         raise click.UsageError("give A.jsonl B.jsonl, RUN_DIR ARM_A ARM_B, or RUN_DIR")
@@ -366,7 +366,7 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
     With --batch, also the curve at each batch size (docs/batching.md)."""
-    from . import profile
+    from specframe.sizing import profile
 
     sizes_t = profile.parse_ints(sizes, profile.FULL_SIZES)
     lens_t = profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
@@ -378,15 +378,15 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
         click.echo(f"cached: {path}")
         click.echo(f"plot: {png}")
         return
-    from . import batch_profile
+    from specframe.decode import batch_curves
 
     target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False)
-    curves, paths, png = batch_profile.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
+    curves, paths, png = batch_curves.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
                                                        layout)
     for b, curve in curves.items():
         click.echo(f"batch {b}: " + profile.format_table(curve))
         click.echo(f"cached: {paths[b]}")
-    click.echo(batch_profile.format_row_shares(curves))
+    click.echo(batch_curves.format_row_shares(curves))
     click.echo(f"plot: {png}")
 
 

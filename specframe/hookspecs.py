@@ -41,5 +41,5 @@ def register_commands(cli: Any) -> None:
 
 @hookspec
 def register_batch_allocators(register: Callable[[type], None]) -> None:
-    """Register :class:`specframe.batch_allocate.BatchAllocator` subclasses (how batched decoding
+    """Register :class:`specframe.decode.allocate.BatchAllocator` subclasses (how batched decoding
     splits one node budget across the live sequences of a step): ``register(AllocatorClass)``."""

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .options import BudgetOptions, NoOptions
-from .tree import DRAFTING_MODES, DraftTree
+from specframe.options import BudgetOptions, NoOptions
+from specframe.tree import DRAFTING_MODES, DraftTree
 
 if TYPE_CHECKING:
-    from .target import TargetModel
+    from specframe.models.target import TargetModel
 
 
 class Drafter(ABC):
@@ -72,7 +72,7 @@ class Drafter(ABC):
     needs_prompt_logits: ClassVar[bool] = True
     #: Optional: a classmethod ``expand_batch(calls)`` that answers several rows' draft calls of
     #: one layer at once in a batch (docs/batching.md, "Batched drafting"). ``calls`` is a list of
-    #: :class:`specframe.batch_draft.DraftCall` (``drafter``, ``tree``, ``nodes``, ``k``), one per
+    #: :class:`specframe.decode.lockstep.DraftCall` (``drafter``, ``tree``, ``nodes``, ``k``), one per
     #: row, each drafter an instance of this class; it returns one answer per call, equal (up to
     #: float rounding) to ``drafter.expand(tree, nodes)`` when ``k`` is None, else to
     #: ``drafter.expand_top(tree, nodes, k)``. None (default): each row's drafter is called alone.
@@ -123,7 +123,7 @@ class Drafter(ABC):
         An override must return exactly what this default returns (ties included); the
         conformance suite checks it.
         """
-        from .selection import topk_per_row
+        from specframe.selection import topk_per_row
 
         return topk_per_row(self.expand(tree, nodes), k)
 
@@ -246,7 +246,7 @@ class TreePolicy(ABC):
 
     def attach(self, target: "TargetModel") -> None:
         """Called once by the decoder with its target; hardware-aware policies read the
-        target's cost curve here (:mod:`specframe.profile`). Default: nothing."""
+        target's cost curve here (:mod:`specframe.sizing.profile`). Default: nothing."""
 
     @property
     def wants_batch_curve(self) -> bool:
@@ -255,10 +255,10 @@ class TreePolicy(ABC):
         return False
 
     def price_batch(self, curve: Any) -> None:
-        """Called by the batched decoder (:mod:`specframe.batch`), when this policy asks
+        """Called by the batched decoder (:mod:`specframe.decode.batch`), when this policy asks
         (:attr:`wants_batch_curve`), before the first step and whenever the live batch changes
-        size: ``curve`` (a :class:`~specframe.profile.CostCurve`) is what ONE row pays of a
-        packed forward at that batch size (:meth:`specframe.batch_profile.BatchCurves.row_curve`),
+        size: ``curve`` (a :class:`~specframe.sizing.profile.CostCurve`) is what ONE row pays of a
+        packed forward at that batch size (:meth:`specframe.decode.batch_curves.BatchCurves.row_curve`),
         and the one-row curve again when the batch ends. Default: nothing."""
 
     @abstractmethod

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 
 import pluggy
 
-from . import hookspecs
-from .errors import PluginWarning, one_line, warn
+from specframe import hookspecs
+from specframe.errors import PluginWarning, one_line, warn
 
 hookimpl = pluggy.HookimplMarker("specframe")
 ENTRY_POINT_GROUP = "specframe"

@@ -22,7 +22,7 @@ def register_tree_policies(register):
 
 @hookimpl
 def register_batch_allocators(register):
-    """Register the built-in batch allocators (see specframe.batch_allocate)."""
+    """Register the built-in batch allocators (see specframe.decode.allocate)."""
     from .allocators import AcceptanceShare, EqualSplit, SharedBudget
 
     for allocator in (EqualSplit, SharedBudget, AcceptanceShare):

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from specframe.batch_allocate import AllocatorOptions, BatchAllocator, water_fill
+from specframe.decode.allocate import AllocatorOptions, BatchAllocator, water_fill
 from specframe.interfaces import StepStats
 from specframe.tree import DraftTree
 

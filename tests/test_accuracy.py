@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specframe.accuracy import extract_answer, is_correct, normalize_number, score
-from specframe.data import DataError, Question, load_questions
-from specframe.metrics import load_run, summarize
-from specframe.report import markdown, summary_table, write_report
-from specframe.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile
+from specframe.experiments.accuracy import extract_answer, is_correct, normalize_number, score
+from specframe.experiments.data import DataError, Question, load_questions
+from specframe.experiments.metrics import load_run, summarize
+from specframe.experiments.report import markdown, summary_table, write_report
+from specframe.experiments.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile
 
 GSM8K_STYLE = Path(__file__).resolve().parent.parent / "examples" / "prompts" / "gsm8k-style.jsonl"
 
@@ -195,8 +195,8 @@ def test_report_shows_dash_for_an_arm_without_accuracy(tmp_path):
 
 
 def test_an_experiment_records_the_references_it_is_scored_against(tmp_path) -> None:
-    from specframe.experiment import run_experiment
-    from specframe.report import write_report
+    from specframe.experiments.experiment import run_experiment
+    from specframe.experiments.report import write_report
 
     (tmp_path / "exp.toml").write_text(
         'name = "acc"\nmax_new_tokens = 4\nwarmup = 0\nstop_at_eos = false\n'

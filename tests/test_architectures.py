@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, strategies as st
 
 import specframe
-from specframe.engine import make_plugin
-from specframe.target import SLIDING_ATTENTION, TargetModel, UnsupportedModelError
+from specframe.decode.engine import make_plugin
+from specframe.models.target import SLIDING_ATTENTION, TargetModel, UnsupportedModelError
 from specframe.testing.models import EAGER_ONLY, EXTENDED, MATRIX, WINDOW, perturbed_copy, tiny_model
 from specframe.testing.strategies import draft_trees
 from specframe.tree import DraftTree

@@ -1,4 +1,4 @@
-"""SDPA with grouped K/V heads passed as they are (specframe.attention): installed only where it
+"""SDPA with grouped K/V heads passed as they are (specframe.models.attention): installed only where it
 applies, the same logits as transformers' copying path under a tree mask, and lossless
 speculative decoding on a model that uses it."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import specframe
-from specframe import profile
-from specframe.attention import NAME, use_gqa_sdpa
-from specframe.target import TargetModel
+from specframe.sizing import profile
+from specframe.models.attention import NAME, use_gqa_sdpa
+from specframe.models.target import TargetModel
 from specframe.testing.harness import check_output, greedy_reference
 from specframe.testing.models import tiny_model
 

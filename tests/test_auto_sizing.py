@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 import specframe
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import OptionError
-from specframe.profile import CostCurve
+from specframe.sizing.profile import CostCurve
 from specframe.tree import DraftTree
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.models import tiny_model
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.sizing import AutoSizer, Calibration, HostTree, MuBandit, cell_of, deeper, stop_growing
 from specframe.sizing import subtree as _subtree
 from specframe.sizing.calibration import Q_EDGES, RANKS

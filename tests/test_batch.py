@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specframe.batch import BatchDecoder, generate_batch
-from specframe.batch_allocate import BatchAllocator, allocator_classes, make_allocator, water_fill
-from specframe.engine import SpecDecoder, make_plugin
+from specframe.decode.batch import BatchDecoder, generate_batch
+from specframe.decode.allocate import BatchAllocator, allocator_classes, make_allocator, water_fill
+from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.plugins import get_registry
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.testing.fixtures import VOCAB, default_drafter, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.host_reads import HostReadCounter, _counted
@@ -203,8 +203,8 @@ def test_the_batched_prefill_computes_prompt_logits_only_for_a_drafter_that_read
                                                                                       layout):
     """Each root enters with its first tree, so nobody reads the prefill's logits but a
     drafter that learns from the prompt: the others' prefill runs its lm_head on one column."""
-    from specframe.batch_flat import FlatKV
-    from specframe.batch_kv import BatchKV
+    from specframe.decode.kv_flat import FlatKV
+    from specframe.decode.kv_padded import BatchKV
 
     seen: list[int] = []
     cls = FlatKV if layout == "flat" else BatchKV
@@ -225,7 +225,7 @@ def test_the_batched_prefill_computes_prompt_logits_only_for_a_drafter_that_read
 def test_the_per_row_prefill_equals_the_padded_one(hidden, logits):
     """The CPU's prompt-at-a-time prefill fills the batch cache (and the outputs) as the one
     right-padded forward does, one-token prompts included."""
-    from specframe.batch_kv import BatchKV
+    from specframe.decode.kv_padded import BatchKV
 
     target = TargetModel(tiny_target())
     prefixes = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([], dtype=torch.long), torch.tensor([6, 7])]
@@ -248,7 +248,7 @@ def test_the_per_row_prefill_equals_the_padded_one(hidden, logits):
 
 def test_padded_rows_do_not_leak_into_a_sequence():
     """Stale columns (a shorter prompt's padding) are masked: garbage there changes nothing."""
-    from specframe.batch_kv import BatchKV
+    from specframe.decode.kv_padded import BatchKV
 
     target = TargetModel(tiny_target())
     kv = BatchKV(target)
@@ -310,7 +310,7 @@ def allocation_cases(draw):
 @settings(max_examples=4 * EXAMPLES)
 @given(case=allocation_cases(), data=st.data())
 def test_every_registered_allocator_keeps_the_rules(name, case, data):
-    from specframe.batch_allocate import check_allocation
+    from specframe.decode.allocate import check_allocation
     from specframe.testing.strategies import draft_trees
 
     caps, history, total = case
@@ -330,7 +330,7 @@ def test_acceptance_allocator_favours_the_sequence_that_accepts_more():
 
 
 def test_check_allocation_names_an_allocator_over_the_batch_budget():
-    from specframe.batch_allocate import check_allocation
+    from specframe.decode.allocate import check_allocation
     from specframe.tree import DraftTree
 
     class Greedy(BatchAllocator):
@@ -352,7 +352,7 @@ def test_check_allocation_names_an_allocator_over_the_batch_budget():
 def test_batched_autoregressive_is_plain_greedy_per_row():
     """Left padding and the mask leave each row greedy; without EOS the config's EOS id (1 here)
     is an ordinary token, as for the speculative arms."""
-    from specframe.batch_baseline import autoregressive_batch
+    from specframe.experiments.batch_baselines import autoregressive_batch
 
     model = tiny_target()
     prompts = [[5, 1, 62, 6, 27, 0, 1, 24], [3], [9, 9, 4]]
@@ -409,7 +409,7 @@ def test_max_live_must_be_positive():
 
 @pytest.mark.parametrize("max_live", [1, 2, 5])
 def test_batched_autoregressive_with_refill_is_plain_greedy_per_row(max_live):
-    from specframe.batch_baseline import autoregressive_refill
+    from specframe.experiments.batch_baselines import autoregressive_refill
 
     model = tiny_target()
     prompts = [[5, 1, 62, 6, 27, 0, 1, 24], [3], [9, 9, 4], [2], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
@@ -451,7 +451,7 @@ def test_the_flat_layout_computes_only_real_nodes(layout):
 def test_a_sequence_that_outgrows_its_flat_segment_widens_every_segment():
     """Segments reserve max_new_tokens + 1 columns past the longest prompt; a smaller reserve
     makes a sequence outgrow its segment mid-batch, and every segment is re-laid wider."""
-    from specframe.batch_flat import FlatKV
+    from specframe.decode.kv_flat import FlatKV
     from specframe.tree import DraftTree
 
     model = tiny_target()

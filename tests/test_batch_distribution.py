@@ -10,7 +10,7 @@ from test_sampling_distribution import (  # the single-sequence suite's cases an
 )
 
 import specframe
-from specframe.batch import BatchDecoder
+from specframe.decode.batch import BatchDecoder
 
 ROWS = 4
 CASES = [(("talon", {"budget": 10}), "T1.0")]

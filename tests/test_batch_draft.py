@@ -1,4 +1,4 @@
-"""Batched drafting (specframe.batch_draft): the rows' builds run in lockstep and a drafter with
+"""Batched drafting (specframe.decode.lockstep): the rows' builds run in lockstep and a drafter with
 ``expand_batch`` (the model drafter, EAGLE heads) drafts a layer of every row in ONE forward.
 Each sequence still equals its own greedy decoding alone, step for step; a failing row is named
 and never hangs the batch; drafters without the capability are called row by row."""
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from specframe.batch import BatchDecoder, generate_batch
-from specframe.batch_draft import DraftBuildError, DraftCall, answer_calls, batch_capable, build_trees
-from specframe.engine import SpecDecoder, make_plugin
+from specframe.decode.batch import BatchDecoder, generate_batch
+from specframe.decode.lockstep import DraftBuildError, DraftCall, answer_calls, batch_capable, build_trees
+from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import BudgetOptions
 from specframe.plugins import get_registry
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.testing.fixtures import default_drafter, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.tree import DraftTree
@@ -226,10 +226,10 @@ def test_a_drafter_without_the_capability_is_called_row_by_row(monkeypatch):
     """The fallback: no lockstep (no build thread), one draft forward per call, same outputs."""
     from specframe.drafters.model import ModelDrafter
 
-    import specframe.batch_draft
+    import specframe.decode.lockstep
 
     monkeypatch.setattr(ModelDrafter, "expand_batch", None)
-    monkeypatch.setattr(specframe.batch_draft, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
+    monkeypatch.setattr(specframe.decode.lockstep, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
     dec = decoder()
     assert not batch_capable(dec.drafter)
     calls = forward_counter(draft_module(dec))
@@ -256,9 +256,9 @@ def test_mixed_calls_batch_the_capable_drafters_and_call_the_others_alone():
 
 def test_a_lone_row_builds_without_threads(monkeypatch):
     """B = 1 builds as generate() does: a plain DraftSession, no lockstep."""
-    import specframe.batch_draft
+    import specframe.decode.lockstep
 
-    monkeypatch.setattr(specframe.batch_draft, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
+    monkeypatch.setattr(specframe.decode.lockstep, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
     dec = decoder()
     seen = []
 
@@ -275,7 +275,7 @@ def test_a_lone_row_builds_without_threads(monkeypatch):
 def test_rows_of_a_path_loaded_draft_model_share_its_weights(tmp_path):
     """A draft model given as a path loads once: every row's drafter shares it, so the rows
     can answer one batched call (before, each row loaded its own copy and drafted alone)."""
-    from specframe.batch import rebuild_drafter
+    from specframe.decode.batch import rebuild_drafter
     from specframe.testing.fixtures import close_draft
 
     target = TargetModel(tiny_target())
@@ -291,7 +291,7 @@ def test_rows_of_a_path_loaded_draft_model_share_its_weights(tmp_path):
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3"])
 def test_rows_of_an_eagle_drafter_share_its_head(name):
-    from specframe.batch import rebuild_drafter
+    from specframe.decode.batch import rebuild_drafter
 
     dec = decoder(name)
     assert rebuild_drafter(dec).head is dec.drafter.head
@@ -300,10 +300,10 @@ def test_rows_of_an_eagle_drafter_share_its_head(name):
 def test_batch_drafts_false_drafts_row_by_row_with_the_same_outputs(monkeypatch):
     """BatchDecoder(batch_drafts=False): a capable drafter's rows build one after another (the
     comparison arm of the batch sweep), and every sequence is unchanged."""
-    import specframe.batch_draft
+    import specframe.decode.lockstep
 
     lockstep = BatchDecoder(decoder()).generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=None)
-    monkeypatch.setattr(specframe.batch_draft, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
+    monkeypatch.setattr(specframe.decode.lockstep, "build_lockstep", lambda *a: pytest.fail("built in lockstep"))
     alone = BatchDecoder(decoder(), batch_drafts=False).generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=None)
     assert [o.tokens for o in alone.outputs] == [o.tokens for o in lockstep.outputs]
     assert [records(o) for o in alone.outputs] == [records(o) for o in lockstep.outputs]

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from specframe.config import ConfigError, load_config
-from specframe.experiment import run_experiment
-from specframe.runs import read_answers
+from specframe.experiments.config import ConfigError, load_config
+from specframe.experiments.experiment import run_experiment
+from specframe.experiments.runs import read_answers
 from specframe.testing.fixtures import TINY_PAIR_TOML
 
 CONFIG = """

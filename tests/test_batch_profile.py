@@ -8,15 +8,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from specframe import batch_profile, profile
-from specframe.batch import BatchDecoder
-from specframe.batch_kv import BatchKV
-from specframe.batch_profile import BatchCurves, batch_curve_for, measured_batches
+from specframe.decode import batch_curves as batch_profile
+from specframe.sizing import profile
+from specframe.decode.batch import BatchDecoder
+from specframe.decode.kv_padded import BatchKV
+from specframe.decode.batch_curves import BatchCurves, batch_curve_for, measured_batches
 from specframe.cli import cli
-from specframe.engine import SpecDecoder, make_plugin
+from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import StepStats, TreePolicy
-from specframe.profile import CostCurve
-from specframe.target import TargetModel
+from specframe.sizing.profile import CostCurve
+from specframe.models.target import TargetModel
 from specframe.testing.fixtures import default_drafter, tiny_target
 
 SIZES, LENS = (1, 2, 4), (8, 16)
@@ -65,7 +66,7 @@ def test_an_unmeasured_batch_size_is_interpolated_between_its_neighbours():
 
 @pytest.mark.parametrize("layout", ["flat", "padded"])
 def test_packed_forward_timing_leaves_the_prefix_as_it_was(layout):
-    from specframe.batch_flat import make_batch_kv
+    from specframe.decode.kv_flat import make_batch_kv
 
     target = TargetModel(tiny_target())
     kv = make_batch_kv(target, layout)

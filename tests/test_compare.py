@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from specframe.cli import cli
-from specframe.metrics import common_prefix, compare, funnel, speedup, summarize, totals, tree_shapes
+from specframe.experiments.metrics import common_prefix, compare, funnel, speedup, summarize, totals, tree_shapes
 
 
 def rec(qid, wall, tokens, steps=None, repeat=0, ids=None, drafts=0, category="c"):
@@ -145,7 +145,7 @@ def test_compare_command_on_arms_of_a_run_dir(tmp_path):
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from specframe.plots import tidy_layout, tree_graph  # noqa: E402
+from specframe.experiments.plots import tidy_layout, tree_graph  # noqa: E402
 from specframe.testing.strategies import draft_trees  # noqa: E402
 
 answers = st.lists(

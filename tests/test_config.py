@@ -8,9 +8,9 @@ import textwrap
 import pytest
 
 import specframe.plugins as plugins
-from specframe.config import ConfigError, load_config, slugify
-from specframe.data import ByteTokenizer, DataError, PromptEncoder, load_questions
-from specframe.experiment import run_experiment
+from specframe.experiments.config import ConfigError, load_config, slugify
+from specframe.experiments.data import ByteTokenizer, DataError, PromptEncoder, load_questions
+from specframe.experiments.experiment import run_experiment
 from specframe.interfaces import Drafter
 
 BASE = """
@@ -60,7 +60,7 @@ def no_model_loads(monkeypatch):
     """Any model construction during these tests is a failure: validation must come first."""
     import transformers
 
-    import specframe.synthetic_models as models
+    import specframe.models.synthetic as models
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")

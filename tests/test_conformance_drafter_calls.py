@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from specframe.engine import SpecDecoder
+from specframe.decode.engine import SpecDecoder
 from specframe.interfaces import Drafter
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.testing import fixtures as fx
 from specframe.testing.conformance import DrafterConformance
 from specframe.tree import DraftTree

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import specframe
-from specframe.assets import resolve_model_path
-from specframe.pairs import check_same_tokenizer
-from specframe.target import load_causal_lm
+from specframe.models.assets import resolve_model_path
+from specframe.models.pairs import check_same_tokenizer
+from specframe.models.target import load_causal_lm
 from specframe.testing.models import tiny_model
 
 PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts" / "code.jsonl"

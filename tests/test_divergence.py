@@ -2,7 +2,7 @@
 
 import torch
 
-from specframe.divergence import find_divergence, first_difference
+from specframe.experiments.divergence import find_divergence, first_difference
 from specframe.testing.models import tiny_model
 
 

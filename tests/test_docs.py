@@ -192,7 +192,7 @@ def test_demo_sizing_check_can_fail():
 
 def test_reproducing_talon_names_every_arm_of_the_demos():
     """docs/reproducing-talon.md names every arm of both demos, as the experiment files name them."""
-    from specframe.config import load_config
+    from specframe.experiments.config import load_config
 
     text = (DOCS / "reproducing-talon.md").read_text(encoding="utf-8")
     for path in (DEMO_TOML, TINY_TOML):

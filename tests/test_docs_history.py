@@ -77,7 +77,7 @@ def scanned_files() -> list[Path]:
 
 def test_scan_covers_pages_and_code():
     files = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
-    assert {"README.md", "docs/results.md", "specframe/engine.py", "strategies/talon.py",
+    assert {"README.md", "docs/results.md", "specframe/decode/engine.py", "strategies/talon.py",
             "drafters/ngram.py", "benchmarks/auto_sizing.py", "examples/demo.toml"} <= files
 
 
@@ -123,7 +123,7 @@ def test_inserting_a_phrase_into_a_file_copy_fails_the_check(tmp_path):
     """The same through files on disk: a copy of a doc page and of a module with the phrase added."""
     page, module = tmp_path / "page.md", tmp_path / "module.py"
     page.write_text((ROOT / "docs" / "concepts.md").read_text(encoding="utf-8") + "\nMeasured in this session.\n")
-    module.write_text((ROOT / "specframe" / "engine.py").read_text(encoding="utf-8").replace(
+    module.write_text((ROOT / "specframe" / "decode" / "engine.py").read_text(encoding="utf-8").replace(
         "\nclass ", "\n# tuned this session\nclass ", 1))
     assert process_phrases(prose_of(page)) and process_phrases(prose_of(module))
     assert not process_phrases(prose_of(ROOT / "docs" / "concepts.md"))

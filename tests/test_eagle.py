@@ -16,7 +16,7 @@ from specframe.drafters.eagle_checkpoint import CheckpointError, load_head, rand
 from specframe.drafters.eagle_head import reference_path_logp
 from specframe.interfaces import DraftSession
 from specframe.options import OptionError
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.testing.models import tiny_model
 from specframe.testing.strategies import prompts
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import specframe
-from specframe.assets import resolve_model_path
+from specframe.models.assets import resolve_model_path
 from specframe.drafters.eagle_checkpoint import load_head
-from specframe.target import load_causal_lm
+from specframe.models.target import load_causal_lm
 
 PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts" / "code.jsonl"
 MAX_NEW = 32

@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import torch
 
-from specframe.config import load_config
-from specframe.experiment import ExperimentError, ModelPool, run_experiment
-from specframe.report import write_report
-from specframe.runs import AnswerRecord, RunDir, read_answers
+from specframe.experiments.config import load_config
+from specframe.experiments.experiment import ExperimentError, ModelPool, run_experiment
+from specframe.experiments.report import write_report
+from specframe.experiments.runs import AnswerRecord, RunDir, read_answers
 
 N_PROMPTS, MAX_NEW, GAMMA = 3, 12, 3
 SPEC_BENCH_TOP = {"question_id", "category", "model_id", "choices", "answer_id", "tstamp"}
@@ -160,7 +160,7 @@ def test_recorded_trees_match_their_steps(full_run):
 
 def test_autoregressive_baseline_matches_transformers_greedy(full_run):
     cfg, outcome = full_run
-    from specframe.data import ByteTokenizer
+    from specframe.experiments.data import ByteTokenizer
 
     model = ModelPool(cfg).target()
     tok = ByteTokenizer(64)
@@ -261,7 +261,7 @@ def test_sigkill_loses_no_finished_answer(tmp_path):
     cfg_path = make_config(tmp_path)
     script = (
         "import sys, time\n"
-        "from specframe.experiment import run_experiment\n"
+        "from specframe.experiments.experiment import run_experiment\n"
         "run_experiment(sys.argv[1], progress=False, on_record=lambda arm, r: time.sleep(30))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script, str(cfg_path)])
@@ -288,8 +288,8 @@ def test_sigkill_loses_no_finished_answer(tmp_path):
 
 
 def test_hf_baselines_are_greedy_and_count_forwards():
-    from specframe.baselines import AutoregressiveRunner, HFGenerateRunner
-    from specframe.target import TargetModel
+    from specframe.experiments.baselines import AutoregressiveRunner, HFGenerateRunner
+    from specframe.models.target import TargetModel
     from specframe.testing.models import perturbed_copy, tiny_model
 
     torch.manual_seed(0)

@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specframe.runs import RunDir, read_answers
+from specframe.experiments.runs import RunDir, read_answers
 from specframe.testing.fixtures import tiny_experiment_toml
 
 CONFIG = tiny_experiment_toml("faults", 8)

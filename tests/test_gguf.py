@@ -15,9 +15,9 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="the [gguf] extra is not installed")  # .ci/run installs it
 
-from specframe import gguf as sg  # noqa: E402
-from specframe.assets import resolve_model_path  # noqa: E402
-from specframe.target import load_causal_lm  # noqa: E402
+from specframe.models import gguf as sg  # noqa: E402
+from specframe.models.assets import resolve_model_path  # noqa: E402
+from specframe.models.target import load_causal_lm  # noqa: E402
 
 TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("a") + 27)] + ["ab", "cd"]
 

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from specframe import DraftTree
-from specframe.engine import make_plugin
-from specframe.step_read import read_step
+from specframe.decode.engine import make_plugin
+from specframe.decode.read import read_step
 from specframe.testing.reference import Verdict, decide, greedy_walk, read_verdict
 from specframe.testing.strategies import draft_trees
 

@@ -22,8 +22,8 @@ import specframe
 from specframe import plugins
 from specframe.cli import cli
 from specframe.errors import PluginWarning, SpecframeWarning
-from specframe.runs import read_answers
-from specframe.runlock import DirectoryInUseError, RunLock
+from specframe.experiments.runs import read_answers
+from specframe.experiments.runlock import DirectoryInUseError, RunLock
 from specframe.testing.models import tiny_model
 
 DEMO = Path(specframe.__file__).resolve().parent / "assets" / "demo-pair"
@@ -404,8 +404,8 @@ def test_same_size_other_tokenizer_is_refused_everywhere(tmp_path):
 
 # ---------------------------------------------------------------------- 5. visible caps
 def test_budget_cut_by_the_context_is_recorded_and_reported():
-    from specframe.metrics import budget_cuts
-    from specframe.report import notice_lines
+    from specframe.experiments.metrics import budget_cuts
+    from specframe.experiments.report import notice_lines
 
     target = tiny_model("llama", seed=0, max_positions=40)
     dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}),

@@ -156,11 +156,11 @@ def test_parts_get_only_the_target_outputs_they_declare():
 
 def test_declarations_are_the_union_and_the_weakest_replay():
     target = specframe.TargetModel(tiny_target())
-    hybrid = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram", ["recycle", {"k": 4}]]}),
+    hybrid = specframe.decode.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram", ["recycle", {"k": 4}]]}),
                                           target)
     assert hybrid.needs_target_logits and not hybrid.needs_target_hidden and hybrid.persistent_state
     assert hybrid.replay == "unsupported" and hybrid.parts[1].options.k == 4
-    ngram_only = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram"]}), target)
+    ngram_only = specframe.decode.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram"]}), target)
     assert ngram_only.replay == "exact" and not ngram_only.needs_target_logits
 
 
@@ -321,10 +321,10 @@ def test_calibrated_declares_that_it_learns_from_every_verified_node():
     asks for no logits at all."""
     target = specframe.TargetModel(tiny_target())
     pair = ["ngram", ["ngram", {"max_ngram": 1}]]
-    calibrated = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "calibrated"}),
+    calibrated = specframe.decode.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "calibrated"}),
                                               target)
-    plain = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "max"}), target)
-    single = specframe.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram"]}), target)
+    plain = specframe.decode.engine.make_plugin("drafters", ("hybrid", {"drafters": pair, "score": "max"}), target)
+    single = specframe.decode.engine.make_plugin("drafters", ("hybrid", {"drafters": ["ngram"]}), target)
     assert calibrated.learns_from_verdicts and not calibrated.needs_target_logits
     assert not calibrated.needs_prompt_logits
     assert not plain.learns_from_verdicts and not single.learns_from_verdicts and not single.calibrated

@@ -17,20 +17,26 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
-HARNESS = ("specframe.config", "specframe.experiment", "specframe.runs", "specframe.metrics", "specframe.report",
-           "specframe.plots", "specframe.divergence", "specframe.baselines", "specframe.data", "specframe.runlock",
-           "specframe.replay")
+#: folder -> its layer; the modules directly in specframe/ are the core (docs/architecture.md).
+FOLDERS = {"specframe.models": "models", "specframe.sizing": "sizing", "specframe.decode": "decode",
+           "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.testing": "testing"}
+#: How many modules the core (specframe/*.py besides __init__ and cli) may hold.
+MAX_CORE_MODULES = 12
 
-#: THE rules: layer -> what its modules may import (besides the standard library and third parties).
-#: "core" counts only public modules for plugins: no ``_private`` module, no harness, no CLI. A plugin
-#: imports no ``_private`` module of its own package either: what a built-in shares with its
-#: siblings is public core (the toolkit: specframe.sizing, specframe.building, specframe.sampled_children).
+#: THE rules, bottom up: layer -> the layers its modules may import besides their own (and the
+#: standard library and third parties). Type-only imports count. A plugin imports public modules
+#: only: no ``_private`` one, not even of its own package (what a built-in shares with its
+#: siblings is public: specframe.sizing, specframe.building, specframe.sampled_children).
 RULES = {
-    "core": {"core"},                                         # specframe/*.py not listed below
-    "plugin": {"public core", "own package"},                 # strategies/ drafters/ verifiers/ (no _private)
-    "harness": {"core", "harness"},                           # HARNESS: TOML -> answers -> summary
-    "cli": {"core", "harness", "cli"},                        # specframe/cli.py
-    "testing": {"core", "plugin", "testing"},                 # specframe/testing/ (the kit)
+    "models": set(),                                                  # specframe/models/
+    "core": {"models"},                                               # specframe/*.py
+    "sizing": {"core", "models"},                                     # specframe/sizing/
+    "decode": {"core", "models", "sizing"},                           # specframe/decode/
+    "harness": {"core", "models", "sizing", "decode"},                # specframe/experiments/
+    "replay": {"core", "models", "sizing", "decode", "harness"},      # specframe/replay/
+    "cli": {"core", "models", "sizing", "decode", "harness", "replay"},  # specframe/cli.py
+    "plugin": {"core", "models", "sizing", "decode"},                 # strategies/ drafters/ verifiers/
+    "testing": {"core", "models", "sizing", "decode", "plugin"},      # specframe/testing/ (the kit)
 }
 
 
@@ -42,11 +48,9 @@ def layer_of(module: str) -> str:
     """The layer of a ``specframe...`` module name."""
     if _under(module, PLUGIN_PACKAGES):
         return "plugin"
-    if _under(module, ("specframe.testing",)):
-        return "testing"
     if module == "specframe.cli":
         return "cli"
-    return "harness" if _under(module, HARNESS) else "core"
+    return next((layer for folder, layer in FOLDERS.items() if _under(module, (folder,))), "core")
 
 
 @dataclass(frozen=True)
@@ -118,15 +122,12 @@ def allowed(importer: str, module: str) -> bool:
     if importer == module:
         return True
     have, want = layer_of(importer), layer_of(module)
-    rules = RULES[have]
     if have == "plugin":
-        own = next(p for p in PLUGIN_PACKAGES if _under(importer, (p,)))
         if any(part.startswith("_") for part in module.split(".")):
             return False  # a private module, even of its own package
-        if _under(module, (own,)):
-            return "own package" in rules
-        return want == "core" and "public core" in rules
-    return want in rules
+        own = next(p for p in PLUGIN_PACKAGES if _under(importer, (p,)))
+        return _under(module, (own,)) or (want != "plugin" and want in RULES["plugin"])
+    return want == have or want in RULES[have]
 
 
 def violations(root: Path, sources: dict[str, str] = SOURCES) -> list[str]:
@@ -136,8 +137,10 @@ def violations(root: Path, sources: dict[str, str] = SOURCES) -> list[str]:
         if not allowed(imp.importer, imp.module):
             problems.append(f"{imp.path.relative_to(root)}:{imp.line}: {imp.importer} ({layer_of(imp.importer)}) "
                             f"imports {imp.module} ({layer_of(imp.module)})")
+    # Type-only imports count: a cycle through ``if TYPE_CHECKING:`` is still two modules that
+    # cannot be read (or moved) apart.
     graph = nx.DiGraph((i.importer, i.module) for i in found
-                       if not i.typing_only and i.importer != i.module and not _under(i.importer, PLUGIN_PACKAGES))
+                       if i.importer != i.module and not _under(i.importer, PLUGIN_PACKAGES))
     for component in nx.strongly_connected_components(graph):
         if len(component) > 1:
             cycle = [a for a, _b in nx.find_cycle(graph.subgraph(component))]
@@ -149,6 +152,8 @@ def violations(root: Path, sources: dict[str, str] = SOURCES) -> list[str]:
 def test_the_source_tree_keeps_the_layer_rules():
     found, _unknown = imports(REPO)
     assert len(found) > 100 and {layer_of(i.importer) for i in found} == set(RULES)  # not vacuous
+    core = sorted(p.name for p in (REPO / "specframe").glob("*.py") if p.name not in ("__init__.py", "cli.py"))
+    assert len(core) <= MAX_CORE_MODULES, f"{len(core)} modules directly in specframe/: {core}"
     problems = violations(REPO)
     assert not problems, "layer rules broken (see tests/test_imports.py RULES):\n" + "\n".join(problems)
 
@@ -170,23 +175,28 @@ def test_train_eagle_comes_from_the_drafters_plugin_hook():
 # ---------------------------------------------------------------------- the checker can fail
 FAKE_TREE = {
     "specframe/__init__.py": "",
-    "specframe/tree.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import lazy\nX = 1\n",
+    "specframe/tree.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .decode.engine import lazy\nX = 1\n",
     "specframe/_private.py": "",
-    "specframe/engine.py": "from .tree import X\n\ndef lazy():\n    from specframe.drafters.fast import F\n",
-    "specframe/report.py": "from . import metrics\n",
-    "specframe/metrics.py": "def load():\n    from .report import render\n",
-    "specframe/experiment.py": "import specframe.testing.models\nfrom .engine import lazy\n",
-    "specframe/cli.py": "from specframe.experiment import run\n",
+    "specframe/models/__init__.py": "",
+    "specframe/models/target.py": "from specframe.tree import X\n",
+    "specframe/decode/__init__.py": "",
+    "specframe/decode/engine.py": "from ..tree import X\n\ndef lazy():\n    from specframe.drafters.fast import F\n",
+    "specframe/experiments/__init__.py": "",
+    "specframe/experiments/report.py": "from . import metrics\n",
+    "specframe/experiments/metrics.py": "def load():\n    from .report import render\n",
+    "specframe/experiments/experiment.py": "import specframe.testing.models\nfrom ..decode.engine import lazy\n",
+    "specframe/cli.py": "from specframe.experiments.experiment import run\n",
     "specframe/testing/__init__.py": "",
-    "specframe/testing/models.py": "from specframe.drafters.fast import F\n",
+    "specframe/testing/models.py": "from specframe.drafters.fast import F\nfrom specframe.decode.engine import lazy\n",
     "drafters/__init__.py": "from . import fast\n",
     "drafters/fast.py": ("from specframe.tree import X\nfrom specframe import _private\n\ndef f():\n"
                          "    from specframe.strategies.chain import C\n    from specframe.cli import cli\n"
                          "    from specframe.strategies._auto import A\n"
+                         "    from specframe.experiments.report import R\n"
                          "    from .gone import G\n"),
     "strategies/__init__.py": "",
     "strategies/_auto.py": "",
-    "strategies/chain.py": "from specframe.engine import lazy\n",
+    "strategies/chain.py": "from specframe.decode.engine import lazy\n",
     "strategies/talon.py": "from ._auto import A\n",
     "verifiers/__init__.py": "",
 }
@@ -199,23 +209,29 @@ def test_the_checker_finds_injected_violations(tmp_path):
     problems = violations(tmp_path)
     report = "\n".join(problems)
     expected = [
-        "specframe.engine (core) imports specframe.drafters.fast (plugin)",         # lazy, inside a function
+        "specframe.tree (core) imports specframe.decode.engine (decode)",            # upward, type-only
+        "specframe.models.target (models) imports specframe.tree (core)",            # the bottom imports up
+        "specframe.decode.engine (decode) imports specframe.drafters.fast (plugin)",  # lazy, inside a function
         "import cycle: ",                                                            # report <-> metrics (lazy)
-        "specframe.experiment (harness) imports specframe.testing.models (testing)",
+        "import cycle: ",                                                            # tree <-> engine (type-only)
+        "specframe.experiments.experiment (harness) imports specframe.testing.models (testing)",
         "specframe.drafters.fast (plugin) imports specframe._private (core)",       # not public
         "specframe.drafters.fast (plugin) imports specframe.strategies.chain (plugin)",  # another plugin
         "specframe.drafters.fast (plugin) imports specframe.cli (cli)",
+        "specframe.drafters.fast (plugin) imports specframe.experiments.report (harness)",
         "imports specframe.drafters.gone, which is no module of the tree",          # a broken relative import
         "specframe.drafters.fast (plugin) imports specframe.strategies._auto (plugin)",  # a built-in's private module
         "specframe.strategies.talon (plugin) imports specframe.strategies._auto (plugin)",  # even its own package's
     ]
     for line in expected:
         assert line in report, f"missing {line!r} in:\n{report}"
-    cycle = next(p for p in problems if p.startswith("import cycle"))
-    assert set(cycle.removeprefix("import cycle: ").split(" -> ")) == {"specframe.report", "specframe.metrics"}
-    # what the rules allow stays quiet: cli -> harness, harness -> core, testing -> plugin,
-    # plugin -> public core and own package; tree <-> engine is no cycle (TYPE_CHECKING only)
-    for quiet in ("specframe.cli (cli) imports", "specframe.testing.models (testing) imports", "imports specframe.tree",
+    cycles = {frozenset(p.removeprefix("import cycle: ").split(" -> ")) for p in problems if p.startswith("import cycle")}
+    assert cycles == {frozenset({"specframe.experiments.report", "specframe.experiments.metrics"}),
+                      frozenset({"specframe.tree", "specframe.decode.engine"})}
+    # what the rules allow stays quiet: cli -> harness, harness -> decode, testing -> plugin and
+    # decode, plugin -> decode and its own package
+    for quiet in ("specframe.cli (cli) imports", "specframe.testing.models (testing) imports specframe.decode",
+                  "specframe.experiments.experiment (harness) imports specframe.decode",
                   "specframe.drafters (plugin) imports", "specframe.strategies.chain (plugin) imports"):
         assert quiet not in report, f"{quiet!r} was flagged:\n{report}"
     assert len(problems) == len(expected)

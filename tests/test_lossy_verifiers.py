@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specframe
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.options import OptionError
 from specframe.testing import fixtures as fx
 from specframe.testing.harness import greedy_reference

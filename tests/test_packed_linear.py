@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 import specframe
-from specframe import cache_keys, packed_linear, profile
-from specframe.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear, _wrap,
+from specframe.models import cache_keys
+from specframe.models import packed_linear
+from specframe.sizing import profile
+from specframe.models.packed_linear import (KERNELS, NATIVE_MAX_ROWS, NativeLinear, OneDnnLinear, _wrap,
                                      available_kernels, choose_kernel, fastest_kernel, linear_kernel, pack_linears,
                                      time_model_kernels)
 from specframe.testing.models import tiny_model
@@ -82,7 +84,7 @@ def test_native_linear_leaves_float64_and_large_inputs_to_f_linear():
 
 @native_only
 def test_the_native_build_is_keyed_by_source_and_cpu(monkeypatch):
-    from specframe import native_gemm
+    from specframe.models import native_gemm
 
     name = native_gemm.extension_name()
     assert name == native_gemm.extension_name() and name.startswith("specframe_small_gemm_")
@@ -150,8 +152,8 @@ def test_speculative_decoding_on_a_fast_linear_model_equals_its_greedy_decoding(
 
 @each_kernel
 def test_an_eagle_head_loaded_by_the_drafter_takes_the_targets_kernel(kernel):
-    from specframe.engine import make_plugin
-    from specframe.target import TargetModel, load_causal_lm
+    from specframe.decode.engine import make_plugin
+    from specframe.models.target import TargetModel, load_causal_lm
 
     plain = make_plugin("drafters", ("eagle3", {"path": "demo-eagle"}),
                         TargetModel(load_causal_lm("demo-target", dtype="float32")))
@@ -171,7 +173,7 @@ def test_an_eagle_head_loaded_by_the_drafter_takes_the_targets_kernel(kernel):
 def test_a_machine_that_cannot_build_the_native_kernel_keeps_the_others(monkeypatch):
     import torch.utils.cpp_extension
 
-    from specframe import native_gemm
+    from specframe.models import native_gemm
 
     def no_compiler(**_):
         raise RuntimeError("Error building extension: c++: command not found")
@@ -195,7 +197,7 @@ def test_a_machine_that_cannot_build_the_native_kernel_keeps_the_others(monkeypa
 def test_packing_with_a_library_kernel_never_builds_the_native_one(kernel, monkeypatch):
     # On a machine without the cached build, asking whether native is available compiles it
     # (about 25 s) or warns that it cannot: neither is the business of an "mkl" or "onednn" user.
-    from specframe import packed_linear
+    from specframe.models import packed_linear
 
     monkeypatch.setattr(packed_linear, "native_available", lambda: pytest.fail("checked the native kernel"))
     assert pack_linears(tiny_model("llama", seed=0, dtype=torch.float32), kernel) == kernel

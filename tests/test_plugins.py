@@ -118,7 +118,7 @@ def test_unknown_plugin_lists_available(fresh_registry):
 
 
 def test_plugins_lists_the_batch_allocators() -> None:
-    from specframe.batch_allocate import allocator_classes
+    from specframe.decode.allocate import allocator_classes
 
     result = CliRunner().invoke(cli, ["plugins"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

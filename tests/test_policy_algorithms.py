@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specframe
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.options import OptionError
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
 from specframe.selection import topk_per_row

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 import torch
 from click.testing import CliRunner
 
-from specframe import profile
+from specframe.sizing import profile
 from specframe.cli import cli
-from specframe.packed_linear import pack_linears, packing_available
-from specframe.profile import CostCurve
-from specframe.target import TargetModel
+from specframe.models.packed_linear import pack_linears, packing_available
+from specframe.sizing.profile import CostCurve
+from specframe.models.target import TargetModel
 from specframe.testing.models import tiny_model
 
 
@@ -91,7 +91,7 @@ def test_key_names_model_device_dtype_threads_and_torch():
     assert "cpu" in key and "float64" in key and "_t3_" in key and torch.__version__.split("+")[0] in key
     assert profile.curve_key(tiny_model("llama", seed=1), torch.device("cpu"), torch.float64, 3) == key
     assert profile.curve_key(model, torch.device("cpu"), torch.float32, 3) != key
-    from specframe.packed_linear import available_kernels
+    from specframe.models.packed_linear import available_kernels
 
     for kernel in available_kernels():  # the kernel changes T(n), so it is part of the key
         packed = tiny_model("llama", seed=0, dtype=torch.float32)

@@ -14,14 +14,14 @@ import textwrap
 import pytest
 import torch
 
-from specframe.config import ConfigError, parse_config
+from specframe.experiments.config import ConfigError, parse_config
 from specframe.errors import ExperimentError
-from specframe.experiment import run_experiment
+from specframe.experiments.experiment import run_experiment
 from specframe.replay.runner import _check_layers_of, step_model
 from specframe.replay.trace import PromptTrace, Trace, TraceError, save_hidden
-from specframe.runs import AnswerRecord, AnswerStore, Choice, RunFile, read_answers
-from specframe.runs.jsonl import drop_partial_line
-from specframe.runs.runfile import question_digest
+from specframe.experiments.runs import AnswerRecord, AnswerStore, Choice, RunFile, read_answers
+from specframe.experiments.runs.jsonl import drop_partial_line
+from specframe.experiments.runs.runfile import question_digest
 
 ARM = {"policy": {"name": "chain"}}
 

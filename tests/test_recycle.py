@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import specframe
 from specframe.drafters.recycle import RecycleDrafter, RecycleDrafterOptions, canonical_rows, reference_table
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.interfaces import wants_prompt_logits
 from specframe.selection import topk_per_row
 from specframe.testing.fixtures import tiny_target

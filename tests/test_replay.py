@@ -13,11 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specframe.engine import SpecDecoder, make_plugin
+from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.options import NoOptions
 from specframe.replay import ReplayTarget, ReplayVerifier, Trace
 from specframe.replay.trace import PromptTrace
-from specframe.target import TargetModel, load_causal_lm
+from specframe.models.target import TargetModel, load_causal_lm
 from specframe.testing.fixtures import close_draft, tiny_target
 from specframe.testing.harness import greedy_reference
 from specframe.testing.profiles import profile_examples
@@ -143,7 +143,7 @@ def test_rest_fit_recovers_a_line_and_never_goes_negative() -> None:
 
 def test_projected_policy_writes_curve_times_into_the_steps() -> None:
     from specframe.interfaces import StepStats
-    from specframe.profile import CostCurve
+    from specframe.sizing.profile import CostCurve
     from specframe.replay.projection import ProjectedPolicy, StepModel
 
     curve = CostCurve("c", [1, 2, 4], [0, 100], [[1.0, 2.0, 4.0], [2.0, 3.0, 5.0]])

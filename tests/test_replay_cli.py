@@ -60,7 +60,7 @@ def test_run_replay_reproduces_tau_and_delta_and_marks_arms(recorded) -> None:
 
 
 def _records(run_dir) -> dict:
-    from specframe.runs import read_answers
+    from specframe.experiments.runs import read_answers
 
     return {(path.stem, r["question_id"]): r for path in sorted((run_dir / "answers").glob("*.jsonl"))
             for r in read_answers(path)}

@@ -18,8 +18,8 @@ import torch
 
 from specframe.drafters.model import ModelDrafter, ModelDrafterOptions
 from specframe.interfaces import DraftSession
-from specframe.profile import CostCurve
-from specframe.target import TargetModel
+from specframe.sizing.profile import CostCurve
+from specframe.models.target import TargetModel
 from specframe.testing.harness import grow_tree
 from specframe.testing.models import tiny_model
 
@@ -38,7 +38,7 @@ def test_concurrent_gguf_conversions_convert_once_and_clear_dead_temps(tmp_path,
     pytest.importorskip("gguf", reason="the [gguf] extra is not installed")
     from test_gguf import tiny_llama, write_gguf
 
-    from specframe import gguf as sg
+    from specframe.models import gguf as sg
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
     path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")

@@ -1,4 +1,4 @@
-"""specframe.runs without any model: layout, answers store, run file, typed record."""
+"""specframe.experiments.runs without any model: layout, answers store, run file, typed record."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specframe.errors import ExperimentError
-from specframe.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, read_answers
+from specframe.experiments.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, read_answers
 
 
 def record(arm: str, qid, repeat: int = 0) -> AnswerRecord:

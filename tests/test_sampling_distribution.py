@@ -34,7 +34,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 import specframe
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.models import perturbed_copy, tiny_model
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
 from specframe.verifiers.sampling import SamplingVerifier, sample_accept_batch, sampling_inputs, target_probs

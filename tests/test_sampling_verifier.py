@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specframe
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.distribution import hf_warped_scores
 from specframe.testing.models import perturbed_copy, tiny_model
 from specframe.testing.reference import SamplingReferenceVerifier, Verdict, decide, sample_accept_reference

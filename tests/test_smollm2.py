@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specframe
-from specframe.assets import SHIPPED_MODELS
+from specframe.models.assets import SHIPPED_MODELS
 
 HEAD = "smollm2-135m-instruct-eagle3"
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -32,8 +32,8 @@ def test_shipped_head_is_small_and_uses_a_reduced_draft_vocabulary():
 def smollm2():
     from transformers import AutoTokenizer
 
-    from specframe.assets import resolve_model_path
-    from specframe.target import load_causal_lm
+    from specframe.models.assets import resolve_model_path
+    from specframe.models.target import load_causal_lm
 
     path = resolve_model_path("smollm2-135m-instruct")
     model, tok = load_causal_lm(path, dtype="float32"), AutoTokenizer.from_pretrained(path)

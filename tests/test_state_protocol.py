@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from specframe.experiment import run_experiment
-from specframe.runs import RunDir, read_answers
+from specframe.experiments.experiment import run_experiment
+from specframe.experiments.runs import RunDir, read_answers
 from specframe.testing.fixtures import TINY_PAIR_TOML
 
 N_PROMPTS = 4
@@ -68,7 +68,7 @@ def test_warmup_leaves_no_trace_and_each_repeat_starts_fresh(tmp_path) -> None:
     # The state does carry within a repeat: the drafter is not simply reset per question.
     meta = json.loads((cold / "out" / "run.json").read_text())
     assert meta["protocol"]["stateful_arms"] == ["recycle"]
-    from specframe.report import write_report
+    from specframe.experiments.report import write_report
 
     write_report(cold / "out", plots=False)
     assert "draft with state kept across requests" in (cold / "out" / "report.md").read_text()

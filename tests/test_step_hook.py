@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import specframe
-from specframe.engine import EngineError, make_plugin
+from specframe.decode.engine import EngineError, make_plugin
 from specframe.interfaces import DraftSession
 from specframe.options import OptionError
 from specframe.testing.models import tiny_model
@@ -172,7 +172,7 @@ def test_on_step_sees_every_step_with_the_engines_path(target, policy):
 
 
 def test_spec_runner_records_trees_through_the_hook(target):
-    from specframe.experiment import SpecRunner, _pick_trees
+    from specframe.experiments.experiment import SpecRunner, _pick_trees
 
     dec = _decoder(target, "talon")
     build = dec.policy.build
@@ -193,7 +193,7 @@ def test_spec_runner_records_trees_through_the_hook(target):
 def test_model_drafter_maps_a_selected_path_back_through_origins(target):
     """A pool is expanded, then re-indexed by select() so that indices shift; the drafter must
     keep the cache entries of the accepted nodes, as a fresh drafter's rows show."""
-    from specframe.target import TargetModel
+    from specframe.models.target import TargetModel
 
     tgt = TargetModel(target)
     drafter = make_plugin("drafters", ("model", {"model": target}), tgt)

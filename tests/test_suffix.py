@@ -265,7 +265,7 @@ def test_the_global_index_holds_each_output_exactly_as_emitted(cases):
 
 
 def test_every_row_of_a_batch_finishes_with_its_emitted_output(cases):
-    from specframe.batch import generate_batch
+    from specframe.decode.batch import generate_batch
 
     _, model, prompt, _ = cases[0]
     dec = specframe.SpecDecoder.build(target=model, drafter=("suffix", {}), policy=("chain", {"gamma": 4}))

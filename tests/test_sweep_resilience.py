@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 from specframe.cli import cli
-from specframe.config import ConfigError
+from specframe.experiments.config import ConfigError
 from specframe.errors import SpecframeWarning
 from specframe.replay import sweep as sweep_module
 from specframe.replay.sweep import chunks, load_sweep, read_results, run_sweep
-from specframe.runlock import RunLock
+from specframe.experiments.runlock import RunLock
 from specframe.testing.fixtures import tiny_experiment_toml
 
 CONFIG = tiny_experiment_toml("tiny-sweep", 8, ngram_arm=False)

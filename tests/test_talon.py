@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.synthetic import SyntheticDrafter, make_session, paths_of
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from specframe.target import TargetModel, UnsupportedModelError
+from specframe.models.target import TargetModel, UnsupportedModelError
 from specframe.testing.models import ARCHITECTURES, tiny_model
 from specframe.testing.strategies import draft_trees
 

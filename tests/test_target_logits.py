@@ -12,7 +12,7 @@ import torch
 
 import specframe
 from specframe.drafters.ngram import NgramDrafter, NgramDrafterOptions
-from specframe.engine import make_plugin
+from specframe.decode.engine import make_plugin
 from specframe.testing.fixtures import tiny_target
 
 

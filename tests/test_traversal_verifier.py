@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specframe
-from specframe.engine import make_plugin
-from specframe.synthetic_models import perturbed_copy
+from specframe.decode.engine import make_plugin
+from specframe.models.synthetic import perturbed_copy
 from specframe.testing.distribution import chi_square_pvalue, hf_warped_probs
 from specframe.testing.fixtures import tiny_target
 from specframe.testing.host_reads import HostReadCounter

@@ -1,8 +1,8 @@
 """Draw docs/img/batching-packed.png and batching-flat.png: three sequences' trees in one
 verification forward, padded to ``[B, n_max]`` and concatenated into one row of real nodes.
 
-The masks are the ones the engine builds (:func:`specframe.batch_kv.packed_visibility`,
-:func:`specframe.batch_flat.flat_visibility`), for rows holding 6, 3 and 4 committed entries
+The masks are the ones the engine builds (:func:`specframe.decode.kv_padded.packed_visibility`,
+:func:`specframe.decode.kv_flat.flat_visibility`), for rows holding 6, 3 and 4 committed entries
 (a padded cache of 6 columns; flat segments of 7)::
 
     python docs/img/make_batching_figure.py
@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from specframe.batch_flat import flat_visibility  # noqa: E402
-from specframe.batch_kv import packed_visibility  # noqa: E402
+from specframe.decode.kv_flat import flat_visibility  # noqa: E402
+from specframe.decode.kv_padded import packed_visibility  # noqa: E402
 from specframe.tree import DraftTree  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "batching-packed.png"

@@ -5,11 +5,11 @@ experiment's arms over it with projected wall times (:mod:`.projection`), and :m
 replays grids of configurations in local processes or on Ray. See docs/replay.md.
 """
 
-from .projection import ProjectedPolicy, StepModel
-from .record import record_trace
-from .runner import ReplayError, ReplayExperiment, replay_experiment, step_model
-from .target import ReplayTarget, ReplayVerifier
-from .trace import Trace, TraceError
+from specframe.replay.projection import ProjectedPolicy, StepModel
+from specframe.replay.record import record_trace
+from specframe.replay.runner import ReplayError, ReplayExperiment, replay_experiment, step_model
+from specframe.replay.target import ReplayTarget, ReplayVerifier
+from specframe.replay.trace import Trace, TraceError
 
 __all__ = ["ProjectedPolicy", "ReplayError", "ReplayExperiment", "ReplayTarget", "ReplayVerifier", "StepModel",
            "Trace", "TraceError", "record_trace", "replay_experiment", "step_model"]

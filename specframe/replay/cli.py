@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import one_line
+from specframe.errors import one_line
 
 
 def _config(path: Path) -> Any:
-    from ..config import ConfigError, load_config
+    from specframe.experiments.config import ConfigError, load_config
 
     try:
         return load_config(path)
@@ -23,7 +23,7 @@ def _config(path: Path) -> Any:
 
 def record_config(config_path: Path, out: Path, progress: bool, console: Any) -> None:
     """Record the trace of ``config_path`` into ``out`` and say what it holds."""
-    from .record import record_trace
+    from specframe.replay.record import record_trace
 
     trace = record_trace(_config(config_path), out, progress=progress, console=console)
     layers = f", hidden layers {trace.hidden_layers} ({trace.environment['hidden_dtype']})" if trace.hidden_layers else ""
@@ -34,8 +34,8 @@ def record_config(config_path: Path, out: Path, progress: bool, console: Any) ->
 def replay_config(config_path: Path, trace_dir: Path, out: Path | None, curve: Path | None, fresh: bool,
                   progress: bool, console: Any, print_summary: Callable) -> None:
     """Replay ``config_path`` over ``trace_dir``, write the report and print its table."""
-    from ..report import write_report
-    from .runner import replay_experiment
+    from specframe.experiments.report import write_report
+    from specframe.replay.runner import replay_experiment
 
     config = _config(config_path)
     try:
@@ -54,11 +54,11 @@ def sweep_config(sweep_path: Path, trace_dir: Path, out: Path | None, ray_addres
                  fail_fast: bool = False, fresh: bool = False) -> None:
     """Run a sweep with a progress bar; print its table, the best configuration per category
     and the failed configurations (then exit 1: a failed configuration is no result)."""
-    from ..config import ConfigError
-    from ..errors import ExperimentError
-    from ..runlock import DirectoryInUseError
-    from .trace import TraceError
-    from .sweep import RAY_MISSING, done_names, is_failure, load_sweep, run_sweep
+    from specframe.experiments.config import ConfigError
+    from specframe.errors import ExperimentError
+    from specframe.experiments.runlock import DirectoryInUseError
+    from specframe.replay.trace import TraceError
+    from specframe.replay.sweep import RAY_MISSING, done_names, is_failure, load_sweep, run_sweep
 
     if ray_address is not None:
         try:

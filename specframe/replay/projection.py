@@ -24,8 +24,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..interfaces import DraftSession, StepStats, TreePolicy
-from ..profile import CostCurve
+from specframe.interfaces import DraftSession, StepStats, TreePolicy
+from specframe.sizing.profile import CostCurve
 
 
 @dataclass
@@ -162,10 +162,10 @@ class ProjectedPolicy(TreePolicy):
 
 @contextlib.contextmanager
 def curve_installed(target: Any, curve: CostCurve) -> Iterator[None]:
-    """Make :func:`specframe.profile.curve_for` answer ``curve`` for ``target`` (auto-sized
+    """Make :func:`specframe.sizing.profile.curve_for` answer ``curve`` for ``target`` (auto-sized
     policies price trees with the projection's curve, never measure the replay target), and
     restore the process's curve cache afterwards."""
-    from .. import profile
+    from specframe.sizing import profile
 
     key = profile.curve_key(target.model, target.device, target.dtype)
     slot = (profile.cache_dir(), key)

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from ..config import ExperimentConfig
-from ..data import PromptEncoder, load_questions
-from ..engine import SpecDecoder, make_plugin
-from ..experiment import ModelPool, _no_loading_bars, load_tokenizer
-from ..gguf import pid_alive
-from ..target import TargetModel
-from .projection import fit_rest
-from .trace import PromptTrace, Trace, prompt_key, save_hidden
+from specframe.experiments.config import ExperimentConfig
+from specframe.experiments.data import PromptEncoder, load_questions
+from specframe.decode.engine import SpecDecoder, make_plugin
+from specframe.experiments.experiment import ModelPool, _no_loading_bars, load_tokenizer
+from specframe.models.gguf import pid_alive
+from specframe.models.target import TargetModel
+from specframe.replay.projection import fit_rest
+from specframe.replay.trace import PromptTrace, Trace, prompt_key, save_hidden
 
 #: The recording arm: lossless, drafter-free, a few tokens a step.
 RECORD_DRAFTER = ("ngram", {})
@@ -128,7 +128,7 @@ def _ar_ratio(target: TargetModel, prompts: list[list[int]], curve: Any, tokens:
     """Measured autoregressive step / the curve's T(1, L) (median over ``prompts``): an
     autoregressive step runs a causal forward, not the curve's tree forward, and its price
     drifts with the machine's state like the steps the curve scale calibrates."""
-    from ..baselines import AutoregressiveRunner
+    from specframe.experiments.baselines import AutoregressiveRunner
 
     runner = AutoregressiveRunner(target)
     runner.generate(prompts[0], 2, set())  # untimed: the first small forward runs slow
@@ -187,8 +187,8 @@ def clear_stale_temporaries(final: Path) -> None:
 
 
 def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: Any) -> Trace:
-    from ..experiment import _ProgressBar
-    from ..profile import curve_for
+    from specframe.experiments.experiment import _ProgressBar
+    from specframe.sizing.profile import curve_for
 
     questions = load_questions(config.data.path, config.data.category, config.data.limit)
     threads = torch.get_num_threads()
@@ -280,7 +280,7 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
 def _environment(config: ExperimentConfig, model: Any, target: TargetModel, curve: Any, extra: int) -> dict:
     import transformers
 
-    from ..profile import model_label
+    from specframe.sizing.profile import model_label
 
     return {"model": config.target.model, "model_label": model_label(model), "config_hash": config_hash(model),
             "dtype": str(target.dtype).replace("torch.", ""), "hidden_dtype": str(target.dtype).replace("torch.", ""),

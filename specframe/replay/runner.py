@@ -16,20 +16,20 @@ from typing import Any
 
 import torch
 
-from ..baselines import ArmOutput
-from ..config import ArmConfig, ExperimentConfig
-from ..data import Question
-from ..engine import SpecDecoder, make_plugin
-from ..errors import ContextError, one_line, warn
-from ..experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, batch_answers
-from ..options import NoOptions
-from ..plugins import get_registry
-from ..profile import CostCurve
-from ..runs import RunFile
-from .projection import ProjectedPolicy, StepModel
-from .record import config_hash, experiment_settings, layers_read, placeholder_states
-from .target import ReplayKV, ReplayTarget, ReplayVerifier
-from .trace import Trace, TraceError
+from specframe.experiments.baselines import ArmOutput
+from specframe.experiments.config import ArmConfig, ExperimentConfig
+from specframe.experiments.data import Question
+from specframe.decode.engine import SpecDecoder, make_plugin
+from specframe.errors import ContextError, one_line, warn
+from specframe.experiments.experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, batch_answers
+from specframe.options import NoOptions
+from specframe.plugins import get_registry
+from specframe.sizing.profile import CostCurve
+from specframe.experiments.runs import RunFile
+from specframe.replay.projection import ProjectedPolicy, StepModel
+from specframe.replay.record import config_hash, experiment_settings, layers_read, placeholder_states
+from specframe.replay.target import ReplayKV, ReplayTarget, ReplayVerifier
+from specframe.replay.trace import Trace, TraceError
 
 #: Exactness declarations a replay accepts (weakest last).
 REPLAYABLE = ("exact", "approximate")
@@ -168,7 +168,7 @@ class ReplayRunner:
         if policy.wants_batch_curve:
             raise ReplayError(f"policy {policy.name!r} prices a live batch from the target's batch curves, which a "
                               "trace does not hold: replay it with batch_size = 1, or run the batch live")
-        from ..batch import BatchDecoder
+        from specframe.decode.batch import BatchDecoder
 
         dec = self.decoder
         plain = SpecDecoder(dec.target, dec.drafter, policy, dec.verifier, strict=dec.strict)

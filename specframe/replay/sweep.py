@@ -14,7 +14,7 @@ A sweep file names a base experiment and a grid over arm options::
 Configurations are split into chunks; a chunk is one replayed experiment (the autoregressive
 arm + its configurations) in its own run directory, run in a local process or a Ray task.
 
-Crash safety: the sweep holds a :class:`~specframe.runlock.RunLock` on its output directory;
+Crash safety: the sweep holds a :class:`~specframe.experiments.runlock.RunLock` on its output directory;
 each finished chunk appends its rows to ``results.jsonl`` at once, fsynced, and a torn last
 line (a killed sweep) is dropped with a warning. Chunks are formed from the sweep file's full
 list of configurations and their directories are named by a hash of their configurations, so
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from ..config import ArmConfig, ConfigError, ExperimentConfig, _expand_sweep, load_config, tomllib
-from ..errors import ExperimentError, one_line, warn
-from ..runlock import RunLock
-from ..runs.jsonl import append_line, open_for_append, read_lines
+from specframe.experiments.config import ArmConfig, ConfigError, ExperimentConfig, _expand_sweep, load_config, tomllib
+from specframe.errors import ExperimentError, one_line, warn
+from specframe.experiments.runlock import RunLock
+from specframe.experiments.runs.jsonl import append_line, open_for_append, read_lines
 
 RESULTS = "results.jsonl"
 #: What the rows of a sweep directory are tied to (:func:`sweep_fingerprint`).
@@ -140,9 +140,9 @@ def run_chunk(base: ExperimentConfig, arms: list[ArmConfig], trace_dir: str, out
 def _replay_rows(base: ExperimentConfig, arms: list[ArmConfig], trace_dir: str, out_dir: str,
                  curve: str | None, threads: int | None) -> list[dict]:
     """Replay ``arms`` plus autoregressive into ``out_dir``; one result row per arm."""
-    from ..config import ArmConfig as Arm
-    from ..report import write_report
-    from .runner import replay_experiment
+    from specframe.experiments.config import ArmConfig as Arm
+    from specframe.experiments.report import write_report
+    from specframe.replay.runner import replay_experiment
 
     ar = Arm(name="autoregressive", baseline="autoregressive")
     config = dataclasses.replace(base, arms=[ar, *arms], warmup=0, threads=threads)
@@ -222,8 +222,8 @@ def done_names(out_dir: Path, configs: list[ArmConfig] | None = None) -> set[str
 def sweep_fingerprint(sweep: SweepFile, trace_dir: str | Path, curve: str | Path | None) -> dict:
     """What every row of a sweep directory is tied to: the base experiment's fingerprint, the
     trace's identity and the curve's (a replayed run directory's, docs/experiments.md)."""
-    from .runner import step_model
-    from .trace import Trace
+    from specframe.replay.runner import step_model
+    from specframe.replay.trace import Trace
 
     trace = Trace.load(trace_dir)
     return {"base": sweep.base.fingerprint(), "trace": trace.identity(), "curve": step_model(trace, curve).identity}
@@ -277,7 +277,7 @@ def run_sweep(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, ray_addres
     """Replay every configuration without a success row in ``results.jsonl``; returns
     :func:`read_results` (failed configurations have failure rows).
 
-    Holds the lock of ``out_dir`` throughout (:class:`~specframe.runlock.DirectoryInUseError`
+    Holds the lock of ``out_dir`` throughout (:class:`~specframe.experiments.runlock.DirectoryInUseError`
     when another live sweep has it). ``on_done`` gets each chunk's new rows once they are on
     disk. ``fail_fast``: after the first failure no further chunk starts. The directory's rows
     must be of the same base experiment, trace and curve (:func:`check_sweep_dir`); ``fresh``

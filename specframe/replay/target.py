@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from ..interfaces import Verifier
-from ..target import TargetModel
-from ..tree import DraftTree
-from .trace import PromptTrace, Trace, TraceError
+from specframe.interfaces import Verifier
+from specframe.models.target import TargetModel
+from specframe.tree import DraftTree
+from specframe.replay.trace import PromptTrace, Trace, TraceError
 
 #: The id of a position past the recorded continuation: no token equals it.
 NO_TOKEN = -1

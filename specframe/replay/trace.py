@@ -4,7 +4,7 @@ from it, the target's cost curve and the environment it was recorded in.
 Layout::
 
     TRACE_DIR/trace.json          environment, settings, per prompt: ids, continuation, stop
-    TRACE_DIR/curve.json          the target's cost curve T(n, L) (specframe.profile.CostCurve)
+    TRACE_DIR/curve.json          the target's cost curve T(n, L) (specframe.sizing.profile.CostCurve)
     TRACE_DIR/hidden/<k>.safetensors   hidden states of prompt k (only when a drafter needs them)
 
 Hidden states are stored in the target's dtype (no rounding beyond the forward's own), one
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..profile import CostCurve
+from specframe.sizing.profile import CostCurve
 
 TRACE_FILE = "trace.json"
 CURVE_FILE = "curve.json"

@@ -8,13 +8,13 @@ growth check, dry spells, root width), :mod:`.sizer` (:class:`AutoSizer`, which 
 docs/auto-sizing.md explains the model and the route.
 """
 
-from .bandit import MuBandit
-from .calibration import Calibration, RankAcceptance, cell_of, deeper, depth_class
-from .cost import CostModel
-from .growth import Growth, GrowthControl, stop_growing
-from .policy import AUTO, AutoBudgetOptions, AutoSizedPolicy, auto_top_k, check_size_option
-from .prune import HostTree, closed, subtree
-from .sizer import AutoSizer
+from specframe.sizing.bandit import MuBandit
+from specframe.sizing.calibration import Calibration, RankAcceptance, cell_of, deeper, depth_class
+from specframe.sizing.cost import CostModel
+from specframe.sizing.growth import Growth, GrowthControl, stop_growing
+from specframe.sizing.policy import AUTO, AutoBudgetOptions, AutoSizedPolicy, auto_top_k, check_size_option
+from specframe.sizing.prune import HostTree, closed, subtree
+from specframe.sizing.sizer import AutoSizer
 
 __all__ = [
     "AUTO", "AutoBudgetOptions", "AutoSizedPolicy", "AutoSizer", "Calibration", "CostModel", "Growth",

@@ -1,7 +1,7 @@
 """The auto sizer's cost model: what a step of a given tree size costs on this machine.
 
 A tree of n nodes (root included) costs ``k * T(n) + D + O`` seconds: T from the measured cost
-curve (:mod:`specframe.profile`) at the step's context length, ``k`` a running correction of the
+curve (:mod:`specframe.sizing.profile`) at the step's context length, ``k`` a running correction of the
 curve to the observed target time (CPU timers only: on a GPU they do not wait for kernels), D the
 draft time (first layer and later layers priced apart, timed per layer) and O the running rest
 of a step (policy, verification, bookkeeping: a fixed part plus a part per node, fitted online).
@@ -56,7 +56,7 @@ class CostModel:
     # ------------------------------------------------------------------ set-up
     @property
     def curve(self) -> Any:
-        """The target's :class:`~specframe.profile.CostCurve` (None: a flat stand-in)."""
+        """The target's :class:`~specframe.sizing.profile.CostCurve` (None: a flat stand-in)."""
         return self._curve
 
     @curve.setter
@@ -68,7 +68,7 @@ class CostModel:
 
     def attach(self, target: Any) -> None:
         """Read (or measure and cache) the target's cost curve."""
-        from specframe.profile import curve_for
+        from specframe.sizing.profile import curve_for
 
         self.curve = curve_for(target)
         self.sync_timers = target.device.type == "cpu"

@@ -25,7 +25,7 @@ import torch
 from specframe.interfaces import DraftSession
 from specframe.tree import DraftTree
 
-from .calibration import deeper
+from specframe.sizing.calibration import deeper
 
 WINDOW = 4  # steps over which the largest kept size sets the next build cap
 PROBE_EVERY = 4  # in a dry spell (plain steps only), draft on one step in this many

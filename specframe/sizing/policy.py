@@ -18,8 +18,8 @@ from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import BudgetOptions, require
 from specframe.tree import DraftTree
 
-from .growth import Growth
-from .sizer import AutoSizer
+from specframe.sizing.growth import Growth
+from specframe.sizing.sizer import AutoSizer
 
 AUTO = "auto"
 

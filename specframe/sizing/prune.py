@@ -16,7 +16,7 @@ import torch
 
 from specframe.tree import DraftTree
 
-from .calibration import DEPTHS, Q_EDGES, Calibration
+from specframe.sizing.calibration import DEPTHS, Q_EDGES, Calibration
 
 
 class HostTree:

@@ -17,10 +17,10 @@ from typing import Any
 from specframe.interfaces import DraftSession, StepStats
 from specframe.tree import DraftTree
 
-from .calibration import Calibration, RankAcceptance
-from .cost import CostModel
-from .growth import GrowthControl
-from .prune import HostTree, closed, subtree
+from specframe.sizing.calibration import Calibration, RankAcceptance
+from specframe.sizing.cost import CostModel
+from specframe.sizing.growth import GrowthControl
+from specframe.sizing.prune import HostTree, closed, subtree
 
 
 class AutoSizer(CostModel, GrowthControl):

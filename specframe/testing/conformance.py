@@ -18,7 +18,7 @@ Class attributes and hooks:
   Naming a test that does not exist is an error (a typo never hides a failure).
 * ``make_policy(self)``, ``make_drafter(self, target)``, ``make_verifier(self, spec)``: override
   when the plugin needs construction arguments (``target`` is a
-  :class:`~specframe.target.TargetModel` over the suite's tiny float64 model).
+  :class:`~specframe.models.target.TargetModel` over the suite's tiny float64 model).
 
 Hypothesis sizing: every property runs ``$SPECFRAME_CONFORMANCE_EXAMPLES`` examples, default
 the count of the ``$HYPOTHESIS_PROFILE`` profile (default 10, ci 30, thorough 200; see
@@ -41,25 +41,25 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from specframe.engine import SpecDecoder, make_plugin
+from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from specframe.options import takes_options
 from specframe.selection import topk_per_row
 from specframe.sizing import AutoSizedPolicy
-from specframe.step_read import read_step
-from specframe.target import TargetModel
+from specframe.decode.read import read_step
+from specframe.models.target import TargetModel
 from specframe.tree import DRAFTING_MODES, DraftTree
 
-from . import fixtures as fx
-from .distribution import TreeSampler, chi_square_pvalue, emitted_distribution, hf_warped_probs
-from .harness import (
+from specframe.testing import fixtures as fx
+from specframe.testing.distribution import TreeSampler, chi_square_pvalue, emitted_distribution, hf_warped_probs
+from specframe.testing.harness import (
     begin_generation, check_against_drafter, check_draft_records, check_output, commit_step, greedy_reference,
     grow_tree, learns_from_verdicts, needs_target_logits, sparse_drafter,
 )
-from .reference import decide, greedy_walk, read_verdict
-from .profiles import profile_examples
-from .strategies import draft_trees, prompts
-from .synthetic import SyntheticDrafter, make_session, synthetic_drafters
+from specframe.testing.reference import decide, greedy_walk, read_verdict
+from specframe.testing.profiles import profile_examples
+from specframe.testing.strategies import draft_trees, prompts
+from specframe.testing.synthetic import SyntheticDrafter, make_session, synthetic_drafters
 
 __all__ = [
     "DrafterConformance", "TreePolicyConformance", "VerifierConformance", "conformance_classes",
@@ -733,7 +733,7 @@ class VerifierConformance(_Conformance):
 
 def check_root_path_steps(out: Any, views: list, budget: int, vocab: int, max_new: int, eos: int | None) -> None:
     """The invariants of a generation that hold whether or not its verifier is lossless:
-    ``views`` (``generate(on_step=...)``'s :class:`~specframe.engine.StepView` s) show trees
+    ``views`` (``generate(on_step=...)``'s :class:`~specframe.decode.engine.StepView` s) show trees
     within ``budget`` whose accepted nodes form a root path, and ``out.tokens`` is, step by
     step, each path's drafted tokens plus one bonus token, the last step cut at ``max_new``
     tokens or the first EOS."""

@@ -61,14 +61,14 @@ def tiny_target(seed: int = TARGET_SEED, vocab_size: int = VOCAB, layers: int = 
     """A cached tiny random transformers causal LM in float64 (exact greedy equality holds)."""
     import torch
 
-    from .models import tiny_model
+    from specframe.testing.models import tiny_model
 
     return tiny_model(arch, seed=seed, vocab_size=vocab_size, hidden=32, layers=layers, dtype=torch.float64)
 
 
 @lru_cache(maxsize=None)
 def _perturbed(model_id: int, noise: float, seed: int) -> Any:
-    from .models import perturbed_copy
+    from specframe.testing.models import perturbed_copy
 
     return perturbed_copy(_MODELS[model_id], noise, seed=seed)
 
@@ -84,7 +84,7 @@ def close_draft(target: Any, noise: float = 0.05, seed: int = 1) -> Any:
 
 # ---------------------------------------------------------------------- built-in drafters
 def _model_drafter(target: Any) -> Any:
-    from specframe.engine import make_plugin
+    from specframe.decode.engine import make_plugin
 
     return make_plugin("drafters", ("model", {"model": close_draft(target.model)}), target)
 
@@ -100,7 +100,7 @@ def _eagle_head(model_id: int, kind: str) -> Any:
 
 def _eagle_drafter(kind: str) -> Callable[[Any], Any]:
     def build(target: Any) -> Any:
-        from specframe.engine import make_plugin
+        from specframe.decode.engine import make_plugin
 
         _MODELS[id(target.model)] = target.model
         return make_plugin("drafters", (kind, {"head": _eagle_head(id(target.model), kind)}), target)
@@ -141,7 +141,7 @@ def default_drafter(spec: Any, target: Any) -> Any:
     A built-in drafter that needs construction arguments gets tiny ones when ``spec`` is a bare
     name; anything else is built from its options like the engine does.
     """
-    from specframe.engine import make_plugin
+    from specframe.decode.engine import make_plugin
     from specframe.plugins import get_registry
 
     if isinstance(spec, str):
@@ -160,8 +160,8 @@ def specframe_tiny_target() -> Any:
 
 @pytest.fixture
 def specframe_target_model(specframe_tiny_target: Any) -> Any:
-    """A fresh :class:`~specframe.target.TargetModel` over the tiny target (own KV cache)."""
-    from specframe.target import TargetModel
+    """A fresh :class:`~specframe.models.target.TargetModel` over the tiny target (own KV cache)."""
+    from specframe.models.target import TargetModel
 
     return TargetModel(specframe_tiny_target)
 
@@ -175,6 +175,6 @@ def specframe_close_draft(specframe_tiny_target: Any) -> Any:
 @pytest.fixture
 def specframe_synthetic_drafter() -> Any:
     """A model-free :class:`~specframe.testing.synthetic.SyntheticDrafter` (V = 64, seed 0)."""
-    from .synthetic import SyntheticDrafter
+    from specframe.testing.synthetic import SyntheticDrafter
 
     return SyntheticDrafter(VOCAB, temperature=0.5, seed=0)

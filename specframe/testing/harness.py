@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from specframe.interfaces import DraftSession, Drafter
-from specframe.target import TargetModel
+from specframe.models.target import TargetModel
 from specframe.tree import DRAFTING_MODES, DraftTree
 
-from .synthetic import SyntheticDrafter, paths_of
+from specframe.testing.synthetic import SyntheticDrafter, paths_of
 
 
 def greedy_reference(model: Any, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:

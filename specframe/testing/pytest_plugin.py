@@ -23,12 +23,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .fixtures import (  # noqa: F401  (re-exported as fixtures)
+from specframe.testing.fixtures import (  # noqa: F401  (re-exported as fixtures)
     specframe_close_draft, specframe_synthetic_drafter, specframe_target_model, specframe_tiny_target,
 )
 
 EXAMPLES_VARIABLE = "SPECFRAME_CONFORMANCE_EXAMPLES"
-#: ``specframe.contract.STRICT_VARIABLE``, spelled out: importing the core would import torch.
+#: ``specframe.decode.contract.STRICT_VARIABLE``, spelled out: importing the core would import torch.
 STRICT_VARIABLE = "SPECFRAME_STRICT"
 
 
@@ -68,7 +68,7 @@ def pytest_unconfigure(config: Any) -> None:
 
 def pytest_report_header(config: Any) -> str:
     """One line: how many examples each conformance property runs."""
-    from .profiles import profile_examples
+    from specframe.testing.profiles import profile_examples
 
     raw = os.environ.get(EXAMPLES_VARIABLE, "").strip()
     examples = max(1, int(raw)) if raw else profile_examples()

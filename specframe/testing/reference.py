@@ -13,7 +13,7 @@ author does the same for their own verifier):
   for end-to-end comparisons; they read the device at every node, so they are slow on a GPU;
 * :class:`Verdict`, :func:`decide` and :func:`read_verdict`: the decision as a host-side
   record (the whole accepted path), and the engine's per-step record rebuilt from it, the
-  reference for :func:`specframe.step_read.read_step`'s one packed read.
+  reference for :func:`specframe.decode.read.read_step`'s one packed read.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specframe.contract import checked_decision
+from specframe.decode.contract import checked_decision
 from specframe.interfaces import Verifier
-from specframe.step_read import StepRead
+from specframe.decode.read import StepRead
 from specframe.tree import DraftTree
 from specframe.verifiers.sampling import SamplingVerifier, proposals, sampling_inputs
 
@@ -55,7 +55,7 @@ def decide(verifier: Verifier, tree: DraftTree, target_logits: torch.Tensor,
     """Run ``verifier.verify`` and read its decision back as a :class:`Verdict`.
 
     Checks the return convention on the way, as the strict engine does
-    (:func:`specframe.contract.checked_decision`): two 0-dim integer tensors on ``tree.device``,
+    (:func:`specframe.decode.contract.checked_decision`): two 0-dim integer tensors on ``tree.device``,
     a node of the tree and a token of the logits' vocabulary.
     """
     out = checked_decision(verifier.name, tree, verifier.verify(tree, target_logits, generator),
@@ -64,7 +64,7 @@ def decide(verifier: Verifier, tree: DraftTree, target_logits: torch.Tensor,
 
 
 def read_verdict(tree: DraftTree, verdict: Verdict) -> StepRead:
-    """:func:`specframe.step_read.read_step`'s record, built from a host-side verdict with
+    """:func:`specframe.decode.read.read_step`'s record, built from a host-side verdict with
     plain indexing (several small reads)."""
     path = torch.as_tensor(verdict.accepted_path).to(tree.device)
     nodes = path.tolist()

@@ -1,0 +1,432 @@
+"""SpecDecoder: prefill -> [build trees -> verify in one target forward -> commit] loop.
+
+:meth:`SpecDecoder._step` is the one decode step, for one sequence (``generate``, over
+:class:`specframe.decode.kv_single.SingleKV`) or many (:class:`specframe.decode.batch.BatchDecoder`, over a
+batch layout): the layouts differ, the step does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specframe.decode.contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
+from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword, wants_prompt_logits
+from specframe.decode.lockstep import build_trees
+from specframe.options import build_options
+from specframe.plugins import SINGULAR, get_registry
+from specframe.decode.kv_single import SingleKV
+from specframe.decode.read import StepRead, pack_step, unpack_step
+from specframe.models.target import TargetModel
+from specframe.tree import DraftTree
+
+PluginSpec = Any  # "name" | ("name", {options}) | instance
+
+@dataclass
+class GenerationOutput:
+    """Result of one ``generate`` call."""
+
+    tokens: list[int]
+    steps: list[StepStats] = field(default_factory=list)
+    wall_time: float = 0.0
+    stopped_at_eos: bool = False
+
+    @property
+    def target_forwards(self) -> int:
+        """Verification forwards (one per step; the prefill is not counted)."""
+        return len(self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per target forward, bonus included."""
+        return len(self.tokens) / max(1, len(self.steps))
+
+    @property
+    def delta(self) -> float:
+        """Draft forwards per target forward."""
+        return sum(s.draft_forwards for s in self.steps) / max(1, len(self.steps))
+
+
+@dataclass
+class StepView:
+    """One verified step, as ``generate(on_step=...)`` hands it to its callback.
+
+    Attributes:
+        tree: the verified draft tree (as the policy returned it).
+        path_nodes: the accepted node indices, root first, exactly as the engine read them
+            (a tensor on the tree's device); ``path`` is the host list.
+        stats: the step's :class:`StepStats` (the same object as in ``GenerationOutput.steps``).
+
+    The accepted path is what the verifier accepted: on the last step, a cut at
+    ``max_new_tokens`` or EOS may emit fewer of its tokens (``stats.emitted``).
+    """
+
+    tree: DraftTree
+    path_nodes: torch.Tensor
+    stats: StepStats
+    _path: list[int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def path(self) -> list[int]:
+        """Accepted node indices, root first, as a host list. Read on first use, so a callback
+        that only keeps the view adds no device read to the step (on a GPU)."""
+        if self._path is None:
+            self._path = [int(i) for i in self.path_nodes.tolist()]
+        return self._path
+
+
+def _split_spec(spec: PluginSpec) -> tuple[str, dict]:
+    if isinstance(spec, str):
+        return spec, {}
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str):
+        return spec[0], dict(spec[1] or {})
+    raise TypeError(f"plugin spec must be a name, (name, options) or an instance, got {spec!r}")
+
+
+def make_plugin(kind: str, spec: PluginSpec, *extra: Any) -> Any:
+    """Instantiate a plugin of ``kind`` from a name, ``(name, options)`` or pass an instance."""
+    base = {"policies": TreePolicy, "drafters": Drafter, "verifiers": Verifier}[kind]
+    if isinstance(spec, base):
+        return spec
+    name, values = _split_spec(spec)
+    cls = get_registry().get(kind, name)
+    options = build_options(cls.Options, values, f"{SINGULAR[kind]} {name!r}")
+    return cls(options, *extra)
+
+
+def _as_prompt(input_ids: Any) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"batch size {ids.shape[0]} is not supported: pass one prompt ([1, L] or [L])")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError("prompt is empty: pass at least one token id")
+    return ids
+
+
+def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
+    if eos is None:
+        return set()
+    if isinstance(eos, int):
+        return {eos}
+    return {int(e) for e in eos}
+
+
+class SpecDecoder:
+    """Speculative decoding with draft trees: any drafter x policy x verifier.
+
+    ``strict``: check every tree in full on the host (:meth:`DraftTree.check_valid`) before the
+    target forward, and the verifier's decision is in range after it. It names a broken plugin
+    at the step that broke it, but reads the device several times per step. Off, the engine
+    still refuses every invalid tree with an :class:`EngineError` naming the invariant, from
+    the validity flag it reads with the verdict in its one host read per step. None (default):
+    on iff the ``SPECFRAME_STRICT`` environment variable is set (the pytest plugin sets it, so
+    tests run strict). The output is the same either way.
+    """
+
+    def __init__(
+        self, target: TargetModel, drafter: Drafter, policy: TreePolicy, verifier: Verifier,
+        strict: bool | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.policy = policy
+        self.verifier = verifier
+        self.strict = strict_default() if strict is None else bool(strict)
+        if drafter.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"drafter {drafter.name!r} has vocabulary size {drafter.vocab_size}, the target has "
+                f"{target.vocab_size}: the pair must share one tokenizer"
+            )
+        policy.attach(target)  # e.g. "auto" sizes read (or measure once) the cost curve
+
+    @classmethod
+    def build(
+        cls,
+        target: Any,
+        drafter: PluginSpec = "model",
+        policy: PluginSpec = "chain",
+        verifier: PluginSpec = "greedy",
+        strict: bool | None = None,
+        compile: bool = False,
+    ) -> "SpecDecoder":
+        """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
+
+        Each spec is a registered name, a ``(name, options_dict)`` pair or an instance.
+        Options are checked before any drafter model loads. ``strict``: see
+        :class:`SpecDecoder`. ``compile``: run the target's forward through ``torch.compile``
+        (:meth:`TargetModel.compile`; see docs/performance.md for when it pays). KV-cache
+        pre-allocation is the target's option: pass ``TargetModel(model, preallocate=...)``.
+        """
+        tgt = target if isinstance(target, TargetModel) else TargetModel(target)
+        if compile and not tgt.compiled:
+            tgt.compile()
+        pol = make_plugin("policies", policy)
+        ver = make_plugin("verifiers", verifier)
+        dra = make_plugin("drafters", drafter, tgt)
+        return cls(tgt, dra, pol, ver, strict=strict)
+
+    @property
+    def _needs_hidden(self) -> bool:
+        return bool(getattr(self.drafter, "needs_target_hidden", False))
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 128,
+        eos_token_id: int | Sequence[int] | None = -1,
+        generator: torch.Generator | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        on_step: Callable[[StepView], None] | None = None,
+    ) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids``.
+
+        ``eos_token_id``: stop after emitting any of these ids; the default (-1) takes the
+        target's ``generation_config.eos_token_id``; None disables EOS stopping.
+        ``temperature``: None keeps the verifier's own setting; 0 verifies with exact greedy;
+        > 0 needs a sampling verifier and overrides its temperature for this call.
+        ``seed`` / ``generator``: randomness of this call for the verifier and for policies
+        that sample children (the same seed gives the same output); neither = the plugins'
+        own generators (their ``seed`` options) or torch's global one.
+        ``on_step``: called after every verified step with a :class:`StepView` (the tree, the
+        accepted path, the step's statistics); its time counts in the step's wall time, so
+        keep it cheap (keep references, read later). None: nothing is built for it.
+        """
+        verifier = self._verifier_for(temperature)
+        if seed is not None:
+            if generator is not None:
+                raise ValueError("pass either seed or generator to generate(), not both")
+            generator = torch.Generator().manual_seed(int(seed))
+        prompt = _as_prompt(input_ids)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        need = len(prompt) + max_new_tokens
+        if need > self.max_positions:
+            whose = "target's" if self.max_positions == self.target.max_positions else "draft model's"
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds "
+                f"the {whose} {self.max_positions} positions"
+            )
+        eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
+        start = time.perf_counter()
+        out = GenerationOutput(tokens=[])
+        kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget)
+        row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step)
+        rows = self.begin_rows(kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter)),
+                               [row], [prompt])
+        while rows:
+            rows = self._step(kv, rows, verifier, max_new_tokens, eos, start)
+        return out
+
+    def begin_rows(self, prefill: Any, rows: list[Row], prompts: Sequence[torch.Tensor]) -> list[Row]:
+        """Begin each row's drafter and policy on its prompt, whose prefill outputs are row
+        ``j`` of ``prefill`` (a layout's ``prefill`` or ``join``; None: one-token prompts)."""
+        for j, (row, prompt) in enumerate(zip(rows, prompts)):
+            n = len(prompt) - 1
+            hidden = logits = None
+            if n > 0 and self._needs_hidden:
+                # A replayed target holds only the layers a drafter reads: the others are None.
+                hidden = tuple(h if h is None else h[j : j + 1, :n] for h in prefill.hidden_states)
+            if n > 0 and wants_prompt_logits(row.drafter):
+                logits = prefill.logits[j, :n]
+            row.drafter.begin(prompt, target_hidden=hidden, **logits_keyword(row.drafter, logits))
+            row.policy.reset()
+        return rows
+
+    def _verifier_for(self, temperature: float | None) -> Verifier:
+        """The verifier of one generate call: ``temperature`` 0 = exact greedy, > 0 overrides
+        a sampling verifier's temperature (a shallow copy, so it shares its generator)."""
+        if temperature is None:
+            return self.verifier
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+        if temperature == 0:
+            return make_plugin("verifiers", "greedy")
+        name = self.verifier.name
+        if not getattr(self.verifier, "sampling", False):
+            raise ValueError(
+                f"temperature={temperature} needs a sampling verifier, but verifier {name!r} is not "
+                f"one (it is lossless for greedy decoding only): build the decoder with "
+                f"verifier=('sampling', {{'temperature': {temperature}}}) or pass temperature=0"
+            )
+        try:
+            options = dataclasses.replace(self.verifier.options, temperature=float(temperature))
+        except TypeError as err:
+            raise ValueError(f"verifier {name!r} has no 'temperature' option to override") from err
+        verifier = copy.copy(self.verifier)
+        verifier.options = options
+        return verifier
+
+    @property
+    def max_positions(self) -> int:
+        """The context both models hold: the target's positions, or a draft model's when fewer
+        (a drafter's ``max_positions``; None means no limit of its own)."""
+        own = getattr(self.drafter, "max_positions", None)
+        return self.target.max_positions if own is None else min(self.target.max_positions, int(own))
+
+    # ------------------------------------------------------------------ the step
+    def _step(self, kv: Any, rows: list[Row], verifier: Verifier, max_new: int, eos: set[int], start: float,
+              allocator: Any = None, lockstep: bool = True) -> list[Row]:
+        """THE decode step, for one live sequence or many: build every row's tree, verify them
+        all in one target forward over the KV layout ``kv``, read every verdict in one host
+        transfer, keep each accepted path, commit, and record each row's :class:`StepStats`.
+        Returns the rows still decoding (a row that reached EOS or ``max_new`` tokens is
+        finished: its drafter's ``finish`` ran and its output has its wall time).
+
+        ``allocator``: a batch allocator splitting the step's node budget (None: each tree up to
+        its policy's budget); ``lockstep``: let batch-capable drafters draft all rows' layers
+        in one forward (:mod:`specframe.decode.lockstep`).
+        """
+        trees, sessions, limits, policy_times = self._build(rows, allocator, lockstep)
+        flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
+                 for r, t, lim in zip(rows, trees, limits)]
+        t1 = time.perf_counter()
+        tree_start = kv.width
+        out = kv.tree_forward(trees, hidden=self._needs_hidden)
+        logits = kv.rows_of(out.logits)
+        hiddens = kv.hidden_rows(out) if self._needs_hidden else [None] * len(rows)
+        t2 = time.perf_counter()
+        reads = self._verify_and_read(rows, trees, limits, flags, logits, verifier)
+        t3 = time.perf_counter()
+        paths, counts = [], []
+        for row, tree, read, hidden, row_logits in zip(rows, trees, reads, hiddens, logits):
+            emitted = cut_output(read.tokens, max_new - len(row.out.tokens), eos)
+            finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
+                or any(t in eos for t in emitted)
+            paths.append(None if finished else read.path)
+            # Every step commits, the last too (a drafter that learns from verifications sees
+            # them all), with the verifier's whole decision even where the output was cut.
+            row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
+                               **logits_keyword(row.drafter, row_logits))
+            counts.append(len(emitted))
+            row.committed += emitted
+            row.out.tokens += emitted
+            row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
+        kv.keep(paths, tree_start, [read.contiguous for read in reads])
+        t4 = time.perf_counter()
+        live = []
+        for row, tree, read, session, limit, count, path, policy_time in zip(
+                rows, trees, reads, sessions, limits, counts, paths, policy_times):
+            stats = StepStats(
+                tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
+                emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
+                policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
+                other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
+                budget_cut=row.policy.max_budget - limit,
+            )
+            row.out.steps.append(stats)
+            row.policy.observe(_row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
+            if row.on_step is not None:
+                row.on_step(StepView(tree, read.path, stats))
+            if path is None:
+                row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
+                row.out.wall_time = time.perf_counter() - start
+            else:
+                live.append(row)
+        return live
+
+    def _build(self, rows: list[Row], allocator: Any, lockstep: bool) -> tuple[list, list, list[int], list[float]]:
+        """Every row's tree under its budget (``allocator``'s share of the step's, if any),
+        trimmed to the batch budget; each row's session, limit and policy time (its build less
+        its drafting)."""
+        # The engine alone bounds a tree: the policy's largest, or the room left in the context.
+        limits = [min(r.policy.max_budget, self.max_positions - (len(r.committed) - 1)) for r in rows]
+        total = None
+        if allocator is not None:
+            caps, total = limits, allocator.total(limits)
+            if total < len(rows):
+                raise ValueError(f"allocator {allocator.name!r}: batch budget {total} is below the "
+                                 f"{len(rows)} live sequences (each tree needs its root)")
+            limits = allocator.budgets(caps, [r.out.steps for r in rows], total)
+            if len(limits) != len(rows) or any(not 1 <= lim <= cap for lim, cap in zip(limits, caps)):
+                raise EngineError(f"allocator {allocator.name!r} returned budgets {limits} outside [1, {caps}]")
+
+        def new_session(b: int, cls: type[DraftSession]) -> DraftSession:
+            row = rows[b]
+            return cls(row.drafter, row.committed[-1], self.target.device, row.generator,
+                       context_len=len(row.committed))
+
+        trees, sessions, policy_times = build_trees([r.policy for r in rows], [r.drafter for r in rows],
+                                                    new_session, limits, lockstep)
+        if allocator is not None:
+            trees = allocator.trim(trees, total)
+            if sum(len(t) for t in trees) > total:
+                raise EngineError(f"allocator {allocator.name!r} kept {sum(len(t) for t in trees)} nodes, "
+                                  f"over the batch budget {total}")
+        return trees, sessions, limits, policy_times
+
+    def _verify_and_read(self, rows: list[Row], trees: list[DraftTree], limits: list[int], flags: list,
+                         logits: list[torch.Tensor], verifier: Verifier) -> list[StepRead]:
+        """Verify every row (the one place a step's verdict is decided), then read all verdicts
+        in ONE device-to-host transfer; an invalid tree is refused naming its policy."""
+        records, paths = [], []
+        for row, tree, limit, ok, row_logits in zip(rows, trees, limits, flags, logits):
+            try:
+                last, bonus = checked_decision(verifier.name, tree, verifier.verify(tree, row_logits, row.generator),
+                                               self.target.vocab_size, self.strict)
+            except Exception:
+                # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise
+            packed, path = pack_step(tree, last, bonus, ok)
+            records.append(packed)
+            paths.append(path)
+        flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
+        reads, at = [], 0
+        for row, tree, limit, path in zip(rows, trees, limits, paths):
+            size = 2 + 4 * len(tree)
+            read = unpack_step(len(tree), flat[at : at + size], path)
+            at += size
+            if not read.ok:
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)
+                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
+            reads.append(read)
+        return reads
+
+
+@dataclass
+class Row:
+    """One sequence while it decodes: its own drafter, policy and generator, its committed
+    tokens (prompt included) and its output so far.
+
+    ``index``: the prompt's place in the call; ``slot``: which of the decoder's drafter/policy
+    pairs it uses (a batch reuses the slots that finished rows freed).
+    """
+
+    index: int
+    slot: int
+    drafter: Drafter
+    policy: TreePolicy
+    committed: list[int]
+    out: GenerationOutput
+    generator: torch.Generator | None = None
+    on_step: Callable[[StepView], None] | None = None
+
+
+def cut_output(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:
+    """The tokens a row emits of its verdict: at most ``remaining``, ending at its first EOS."""
+    emitted = tokens[:remaining]
+    for i, tok in enumerate(emitted):
+        if tok in eos:
+            return emitted[: i + 1]
+    return emitted
+
+
+def _row_share(stats: StepStats, live: int) -> StepStats:
+    """What a batch-priced policy learns from: its own drafting and building, and ``1 / live``
+    of the batch's forward, verification and bookkeeping (the step's cost spread over its rows,
+    as its row curve spreads the forward). The recorded step keeps the whole batch's times,
+    since the sequence waited for them."""
+    if live == 1:
+        return stats
+    return dataclasses.replace(stats, target_time=stats.target_time / live, verify_time=stats.verify_time / live,
+                               other_time=stats.other_time / live)

@@ -1,0 +1,192 @@
+"""summary.json, report.md (overall and per-category tables, figures) and the rich table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specframe.experiments.metrics import load_run, summarize
+from specframe.experiments.runs import RunDir, write_json
+
+COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
+           "target fwd/token", "mismatches vs AR")
+ACCURACY = "accuracy"  # shown after COLUMNS only when some arm was scored against references
+
+
+def with_accuracy(summary: dict) -> bool:
+    """Whether any arm of ``summary`` has an accuracy (its questions carry reference answers)."""
+    return any("accuracy" in a["overall"] for a in summary["arms"])
+
+
+def columns(summary: dict) -> tuple[str, ...]:
+    """The table columns of ``summary``: :data:`COLUMNS`, plus accuracy when there is one."""
+    return COLUMNS + ((ACCURACY,) if with_accuracy(summary) else ())
+
+
+def accuracy_cell(metrics: dict) -> str:
+    """``"0.75 (15/20)"``: the share correct and the count; "-" without references."""
+    if metrics.get("accuracy") is None:
+        return "-"
+    return f"{metrics['accuracy']:.2f} ({metrics['correct']}/{metrics['scored']})"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False) -> list[str]:
+    """One table row: the columns of :data:`COLUMNS` as text, and the accuracy if ``accuracy``."""
+    sp = metrics.get("speedup")
+    speed = "-" if sp is None else (f"{sp:.2f}" + (f" ± {metrics['speedup_std']:.2f}" if metrics.get("speedup_std") else ""))
+    ci = metrics.get("speedup_ci")
+    if arm["name"] == baseline:
+        mism = "(reference)"
+    elif not arm["greedy"]:
+        mism = "n/a (sampling)"
+    elif "compared" in metrics:
+        mism = f"{metrics['mismatches']}/{metrics['compared']}"
+    else:
+        mism = "-"
+    return [
+        arm["name"] + (" (replay)" if arm.get("replay") else ""), str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
+        _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+        _num(metrics["target_forwards_per_token"], 3), mism,
+    ] + ([accuracy_cell(metrics)] if accuracy else [])
+
+
+def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[str]:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return lines
+
+
+def markdown(summary: dict, figures: dict[str, str]) -> str:
+    """The report text."""
+    base = summary.get("baseline")
+    acc = with_accuracy(summary)
+    cols = columns(summary)
+    lines = [
+        f"# Experiment: {summary.get('name')}", "",
+        f"Target `{summary.get('target')}`, max_new_tokens {summary.get('max_new_tokens')}, "
+        f"repeats {summary.get('repeats')}, torch {summary.get('torch')}.",
+        f"Speedup is relative to the `{base}` arm on the same prompts." if base
+        else "No `autoregressive` arm: speedups are not available.", "",
+        "## Overall", "",
+    ]
+    if summary.get("replay"):
+        rep = summary["replay"]
+        lines[-3:-3] = [f"Arms marked (replay) were replayed over the trace `{rep['trace']}` without running the "
+                        f"target (docs/replay.md); their times are projected: {rep['projection']}.", ""]
+    lines += _md_table([row(a, a["overall"], base, acc) for a in summary["arms"]], cols)
+    categories = sorted({c for a in summary["arms"] for c in a["categories"]})
+    if len(categories) > 1:
+        lines += ["", "## Per category"]
+        for cat in categories:
+            lines += ["", f"### {cat}", ""]
+            lines += _md_table([row(a, a["categories"][cat], base, acc) for a in summary["arms"]
+                                if cat in a["categories"]], cols)
+    lines += notices(summary)
+    if figures:
+        lines += ["", "## Figures", ""]
+        for title, rel in figures.items():
+            lines += [f"### {title}", "", f"![{title}]({rel})", ""]
+    lines += [
+        "", "## Definitions", "",
+        "- tau: tokens emitted per target forward, bonus token included.",
+        "- delta: draft forwards per target forward.",
+        "- speedup: autoregressive wall time / arm wall time over the same (question, repeat) answers; "
+        "± is the standard deviation over repeats, the CI a bootstrap over questions.",
+        "- target fwd/token: target forwards per emitted token (1 / tau).",
+        "- mismatches vs AR: greedy answers whose tokens differ from the autoregressive arm's.",
+        *(["- accuracy: share of answers (last turn) whose final number matches the question's reference "
+            "answer (GSM8K rule), with correct/scored; \"-\" for arms without references."] if acc else []),
+        "", "Full definitions: docs/experiments.md.", "",
+    ]
+    return "\n".join(lines)
+
+
+def notice_lines(summary: dict) -> list[str]:
+    """What the run capped or left out: budgets cut by the context, skipped prompts."""
+    out = []
+    replay = summary.get("replay")
+    if replay:
+        out.append(f"every arm was replayed over {replay['trace']} (curve: {replay['curve']}); auto-sized policies "
+                   "(budget, mu or gamma = \"auto\") decide from the projected step times there, so their trees "
+                   "can differ from a live run's (docs/replay.md)")
+        if replay.get("not_replayed"):
+            out.append(f"not replayed: {', '.join(replay['not_replayed'])}")
+    protocol = summary.get("protocol") or {}
+    stateful = [a["name"] for a in summary["arms"] if a["name"] in protocol.get("stateful_arms", [])]
+    if stateful:
+        out.append(f"arms {', '.join(stateful)} draft with state kept across requests: "
+                   f"{protocol['state_across_requests']}; the warm-up: {protocol['warmup']}")
+    for arm in summary["arms"]:
+        cut = arm.get("budget_cuts") or {}
+        if cut.get("steps"):
+            out.append(f"arm {arm['name']}: the context cut the node budget in {cut['steps']} of {cut['of']} "
+                       f"steps (by up to {cut['max_cut']} nodes): the target's maximum length is near")
+    for div in summary.get("divergences") or []:
+        out.append(f"arm {div['arm']}, question {div['question_id']!r} (repeat {div['repeat']}, turn {div['turn']}): "
+                   f"differs from autoregressive at token {div['position']} ({div['arm_token']} instead of "
+                   f"{div['reference_token']}); the target's top-2 logit margin there is {div['margin']:.3g}"
+                   + (" (a float32 near-tie)" if div["margin"] < 1e-3 else ""))
+    for skip in summary.get("overflow_skipped") or []:
+        out.append(f"question {skip['question_id']!r} skipped: prompt ({skip['prompt_tokens']} tokens) + "
+                   f"max_new_tokens ({skip['max_new_tokens']}) exceeds the target's {skip['max_positions']} "
+                   "positions ([data] on_overflow = \"skip\")")
+    return out
+
+
+def notices(summary: dict) -> list[str]:
+    """The report's "Notices" section (empty when there is nothing to notice)."""
+    found = notice_lines(summary)
+    return ["", "## Notices", "", *(f"- {line}" for line in found)] if found else []
+
+
+def write_report(out_dir: str | Path, plots: bool = True) -> dict:
+    """Recompute summary.json, the plots and report.md from the answers in ``out_dir``.
+
+    What ``specframe run`` / ``demo`` / ``report`` do after a run; returns the summary.
+    """
+    run_dir = RunDir(out_dir)
+    run = load_run(run_dir.path)
+    summary = summarize(run)
+    if run.get("replay"):  # specframe.replay marks its runs: every table says so
+        summary["replay"] = run["replay"]
+        for arm in summary["arms"]:
+            arm["replay"] = run["replay"]["arms"].get(arm["name"], True)
+    if run.get("protocol"):
+        summary["protocol"] = run["protocol"]
+    if run_dir.divergences.exists():
+        summary["divergences"] = json.loads(run_dir.divergences.read_text(encoding="utf-8"))
+    write_json(run_dir.summary, summary)
+    figures: dict[str, str] = {}
+    if plots:
+        from specframe.experiments.plots import make_plots
+
+        figures = make_plots(run, summary, run_dir.plots)
+        figures = {title: str(Path(p).relative_to(run_dir.path)) for title, p in figures.items()}
+    run_dir.report.write_text(markdown(summary, figures), encoding="utf-8")
+    return summary
+
+
+def summary_table(summary: dict, title: str | None = None) -> Any:
+    """The overall table as a ``rich.table.Table``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    # Arm names like "talon[mu=0.01]" would read as rich markup: escape every cell.
+    table = Table(title=escape(title or f"{summary.get('name')}: {summary.get('target')}"))
+    # Arm names are what a reader compares: never ellipsise them (a narrow or piped terminal
+    # folds the numeric columns instead).
+    longest = max((len(a["name"]) + (9 if a.get("replay") else 0) for a in summary["arms"]), default=3)
+    acc = with_accuracy(summary)
+    for col in columns(summary):
+        if col == "arm":
+            table.add_column(col, justify="left", no_wrap=True, min_width=longest)
+        else:
+            table.add_column(col, justify="right", overflow="fold")
+    for arm in summary["arms"]:
+        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"), acc)))
+    return table
