@@ -4,6 +4,9 @@ the batch budget; one host read per step for the whole batch."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -86,6 +89,35 @@ def test_batch_equals_greedy_alone_for_every_policy(policy, prompts, eos_pick):
 @given(prompts=prompt_lists, eos_pick=st.integers(0, MAX_NEW - 1))
 def test_batch_equals_greedy_alone_for_every_drafter(drafter, prompts, eos_pick):
     check_batch(drafter, "talon", prompts, eos_pick)
+
+
+@settings(max_examples=EXAMPLES)
+@given(policy=st.sampled_from(POLICIES), drafter=st.sampled_from(DRAFTERS),
+       prompts=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=4),
+       eos_pick=st.integers(0, MAX_NEW - 1))
+def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, prompts, eos_pick):
+    """The engine's step over 1-4 live rows: each row's tokens are its greedy decoding and its
+    steps (tree sizes, depths, accepted, draft forwards, ...) are those of generate() alone."""
+    check_batch(drafter, policy, prompts, eos_pick)
+
+
+#: Step shapes of one-sequence decoding, every built-in policy x drafter, as the engine decided
+#: them before its step served batches too (scripts/record_b1_steps.py, at commit b6413b4).
+B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("pair", sorted(B1_STEPS["runs"]))
+def test_one_sequence_takes_the_recorded_steps(pair):
+    policy, drafter = pair.split(" x ")
+    for prompt, want in zip(B1_STEPS["prompts"], B1_STEPS["runs"][pair]):
+        dec = decoder(drafter, policy)  # the recording's options (scripts/record_b1_steps.py policy_spec)
+        out = dec.generate(prompt, max_new_tokens=B1_STEPS["max_new_tokens"], eos_token_id=B1_STEPS["eos"])
+        assert out.tokens == want["tokens"], (pair, prompt)
+        assert [list(map(_listed, r)) for r in step_record(out)] == want["steps"], (pair, prompt)
+
+
+def _listed(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)

@@ -13,7 +13,8 @@ import pytest
 
 from specframe import hookspecs
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 README = DOCS.parent / "README.md"
 HOOKS_MD = DOCS / "hooks.md"
 CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -267,3 +268,48 @@ def test_demo_table_script_takes_the_overall_table_and_fills_both_markers(tmp_pa
     page.write_text("before\n<!-- demo-table:start (note) -->\nold\n<!-- demo-table:end -->\nafter\n")
     script.replace_block(page, "new")
     assert page.read_text() == "before\n<!-- demo-table:start (note) -->\nnew\n<!-- demo-table:end -->\nafter\n"
+
+
+# ---------------------------------------------------------------------- the public names
+def _public_name_rows() -> list[tuple[str, str]]:
+    """(name, module) of every row of docs/hooks.md's public-name tables."""
+    text = (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8").split("## The public names", 1)[1]
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1].startswith("`specframe"):
+            module = cells[1].strip("`")
+            rows += [(name.strip("` "), module) for name in cells[0].split(",")]
+    return rows
+
+
+def test_hooks_md_lists_every_public_name_with_its_module():
+    import importlib
+
+    import specframe
+
+    rows = _public_name_rows()
+    assert len(rows) > 40
+    for name, module in rows:
+        assert hasattr(importlib.import_module(module), name), f"docs/hooks.md: {module} has no {name}"
+    listed = {name for name, _ in rows}
+    assert set(specframe.__all__) <= listed, f"not in docs/hooks.md: {sorted(set(specframe.__all__) - listed)}"
+    for name in specframe.__all__:
+        assert getattr(specframe, name) is getattr(importlib.import_module(dict(rows)[name]), name)
+
+
+def test_every_import_the_docs_teach_resolves():
+    import importlib
+    import importlib.util
+
+    pattern = re.compile(r"from (specframe[\w.]*) import \(?([\w, ]+)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "docs" / "examples").rglob("*.py"))]
+    seen = 0
+    for page in pages:
+        for module, names in pattern.findall(page.read_text(encoding="utf-8")):
+            imported = importlib.import_module(module)
+            for name in (n.strip().split(" as ")[0] for n in names.split(",") if n.strip()):
+                assert hasattr(imported, name) or importlib.util.find_spec(f"{module}.{name}"), \
+                    f"{page.relative_to(ROOT)}: from {module} import {name} fails"
+                seen += 1
+    assert seen > 10

@@ -1,0 +1,58 @@
+"""Record the per-step shape of one-sequence decoding for every built-in policy x drafter.
+
+The file it writes (tests/data/b1_steps.json) pins what ``SpecDecoder.generate`` decides on the
+tiny float64 target: tests/test_batch.py checks that the engine still takes exactly these
+steps. Written by the engine of a given commit, so a change to the step that alters any tree,
+acceptance or draft count shows up as a diff against it. Uses only names every version of the
+engine exports (``specframe.SpecDecoder``, ``specframe.TargetModel``, the testing fixtures).
+
+    python scripts/record_b1_steps.py tests/data/b1_steps.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import specframe
+from specframe.testing.fixtures import default_drafter, tiny_target
+
+PROMPTS = [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40]]
+MAX_NEW = 10
+EOS = 17  # a token the tiny target emits, so some prompts stop early
+
+
+def policy_spec(name: str) -> object:
+    """The fixed-budget options tests/test_batch.py decodes each policy with."""
+    if name in ("chain", "static", "sequoia"):
+        return name
+    if name == "sampled-tree":
+        return (name, {"budget": 6, "seed": 0})
+    return (name, {"budget": 6})
+
+
+def record() -> dict:
+    """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]``."""
+    registry = specframe.get_registry()
+    out = {}
+    for policy in registry.names("policies"):
+        for drafter in registry.names("drafters"):
+            runs = []
+            for prompt in PROMPTS:
+                target = specframe.TargetModel(tiny_target())
+                dec = specframe.SpecDecoder.build(target, drafter=default_drafter(drafter, target),
+                                                  policy=policy_spec(policy), verifier="greedy")
+                result = dec.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=EOS)
+                runs.append({"tokens": result.tokens, "steps": [
+                    [s.tree_size, s.depth, s.accepted, s.emitted, s.draft_forwards, s.widths, s.accepted_ranks,
+                     s.budget_cut] for s in result.steps]})
+            out[f"{policy} x {drafter}"] = runs
+    return out
+
+
+if __name__ == "__main__":
+    path = sys.argv[1] if len(sys.argv) > 1 else "tests/data/b1_steps.json"
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"prompts": PROMPTS, "max_new_tokens": MAX_NEW, "eos": EOS, "runs": record()}, fh, indent=None)
+        fh.write("\n")
+    print(f"wrote {path}")
