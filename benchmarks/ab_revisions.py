@@ -5,7 +5,8 @@ so this script alternates whole runs, ``before, after, before, after, ...``, wit
 revision's own copy of the source (``git archive``) on ``PYTHONPATH`` and its own benchmark
 script as the working directory. Machine drift then hits both revisions alike (rounds
 alternate which one goes first). From every run it reads the benchmark's table rows (first
-token an arm name, second a number: tokens/s in the benchmarks here) and prints, per arm, each
+token an arm name, second a number: tokens/s in the benchmarks here; or markdown rows whose
+cells up to the first with letters name the arm) and prints, per arm, each
 revision's median, the after/before ratio and the spread of the per-round ratios (the noise
 line). Example::
 
@@ -31,6 +32,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: A table row: an arm name, spaces, a number (the first column of figures).
 ROW = re.compile(r"^(?P<arm>[A-Za-z][\w.+/\-\[\]=,@]*)\s+(?P<value>\d+(?:\.\d+)?)\s")
+NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
+
+
+def table_row(line: str) -> tuple[str, float] | None:
+    """``(arm, first figure)`` of a table row: ``arm  12.3 ...`` as printed, or a markdown row
+    ``| 4 | equal | 12.3 | ...`` (the cells up to the first one with letters name the arm)."""
+    match = ROW.match(line)
+    if match:
+        return match["arm"], float(match["value"])
+    if not line.startswith("|"):
+        return None
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    named = next((i for i, c in enumerate(cells) if re.search(r"[A-Za-z]", c)), None)
+    if named is None or named + 1 >= len(cells) or not NUMBER.match(cells[named + 1]):
+        return None
+    return " ".join(cells[: named + 1]), float(cells[named + 1])
 PLUGIN_FOLDERS = ("strategies", "drafters", "verifiers")
 
 
@@ -80,9 +97,9 @@ def run(command: list[str], tree: Path, path: Path) -> tuple[dict[str, float], f
         sys.exit(f"{' '.join(command)} failed in {tree}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     rows = {}
     for line in done.stdout.splitlines():
-        match = ROW.match(line)
-        if match and match["arm"] not in rows:
-            rows[match["arm"]] = float(match["value"])
+        found = table_row(line)
+        if found and found[0] not in rows:
+            rows[found[0]] = found[1]
     return rows, seconds
 
 
@@ -101,6 +118,8 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="git revision of the old code")
     parser.add_argument("--after", default=None, help="git revision of the new code (default: the working tree)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each revision, alternating")
+    parser.add_argument("--base", default="autoregressive",
+                        help="an arm to divide by within each run (speedups; default autoregressive, if printed)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the benchmark command, run in each revision")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -122,9 +141,13 @@ def main() -> None:
                 print(f"round {r + 1} {label:6s} {seconds:7.1f} s  " + "  ".join(f"{a} {v:g}" for a, v in rows.items()),
                       flush=True)
         report(results)
+        if all(args.base in rows for runs in results.values() for rows in runs):
+            print(f"\nwithin each run, divided by {args.base} (drift between runs cancels):")
+            report({label: [{a: v / rows[args.base] for a, v in rows.items() if a != args.base} for rows in runs]
+                    for label, runs in results.items()}, digits=3)
 
 
-def report(results: dict[str, list[dict[str, float]]]) -> None:
+def report(results: dict[str, list[dict[str, float]]], digits: int = 2) -> None:
     """Per arm: each revision's median, after/before of the medians, and the per-round ratios."""
     arms = [a for a in results["before"][0] if all(a in rows for runs in results.values() for rows in runs)]
     print(f"\n{'arm':28s} {'before':>9s} {'after':>9s} {'after/before':>13s}  per-round ratios")
@@ -132,7 +155,7 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
         before = [rows[arm] for rows in results["before"]]
         after = [rows[arm] for rows in results["after"]]
         ratios = [a / b for a, b in zip(after, before) if b]
-        print(f"{arm:28s} {statistics.median(before):9.2f} {statistics.median(after):9.2f} "
+        print(f"{arm:28s} {statistics.median(before):9.{digits}f} {statistics.median(after):9.{digits}f} "
               f"{statistics.median(after) / statistics.median(before):13.3f}  "
               + " ".join(f"{x:.3f}" for x in ratios))
 
