@@ -116,6 +116,7 @@ class BatchDecoder:
         self._drafters: list[Drafter] = [decoder.drafter]
         self._policies: list[TreePolicy] = [decoder.policy]
         self._curves: dict[int, Any] = {}  # batch size -> BatchCurves (measured or cached once)
+        self._score = False  # the running generation's score flag
 
     def prepare(self, rows: int) -> None:
         """Build the drafters and policies of ``rows`` rows now (loading a draft model or head),
@@ -139,7 +140,7 @@ class BatchDecoder:
     def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                  eos_token_id: int | Sequence[int] | None = -1,
                  generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
-                 max_live: int | None = None) -> BatchOutput:
+                 max_live: int | None = None, score: bool = False) -> BatchOutput:
         """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
 
         ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt (an int
@@ -149,6 +150,7 @@ class BatchDecoder:
         ``max_live``: at most this many sequences decode at once; when one finishes, the next
         prompt in order is prefilled and joins the batch (continuous batching), so the batch
         stays full instead of waiting for its slowest sequence. None: all prompts at once.
+        ``score``: each output's ``nll`` as :meth:`SpecDecoder.generate` gives it.
         """
         dec = self.decoder
         if not prompts:
@@ -165,6 +167,7 @@ class BatchDecoder:
                                  f"= {need} exceeds the {dec.max_positions} positions of the target and draft model")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
+        self._score = score
         width = len(ids) if max_live is None else min(max_live, len(ids))
         curves = self._batch_curves(width)
         start = time.perf_counter()
@@ -247,14 +250,14 @@ class BatchDecoder:
     def _rows(self, indices: Sequence[int], slots: Sequence[int], ids: list[torch.Tensor], generators: list,
               result: BatchOutput) -> list[Row]:
         """Prompt ``indices[j]``'s row on the drafter and policy of ``slots[j]``."""
-        return [Row(i, slot, *self._slot(slot), ids[i].tolist(), result.outputs[i], generators[i])
+        return [Row(i, slot, *self._slot(slot), ids[i].tolist(), result.outputs[i], generators[i], score=self._score)
                 for i, slot in zip(indices, slots)]
 
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
                    generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
-                   max_live: int | None = None) -> BatchOutput:
+                   max_live: int | None = None, score: bool = False) -> BatchOutput:
     """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`;
     ``max_live``: continuous batching, at most that many sequences at once).
 

@@ -36,6 +36,9 @@ class GenerationOutput:
     steps: list[StepStats] = field(default_factory=list)
     wall_time: float = 0.0
     stopped_at_eos: bool = False
+    #: With ``generate(score=True)``: the output's negative log-likelihood under the target (nats,
+    #: summed over its tokens; the target's own distribution, no temperature), else None.
+    nll: float | None = None
 
     @property
     def target_forwards(self) -> int:
@@ -187,6 +190,7 @@ class SpecDecoder:
         temperature: float | None = None,
         seed: int | None = None,
         on_step: Callable[[StepView], None] | None = None,
+        score: bool = False,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids``.
 
@@ -200,6 +204,10 @@ class SpecDecoder:
         ``on_step``: called after every verified step with a :class:`StepView` (the tree, the
         accepted path, the step's statistics); its time counts in the step's wall time, so
         keep it cheap (keep references, read later). None: nothing is built for it.
+        ``score``: also give the output's negative log-likelihood under the target
+        (``GenerationOutput.nll``), from the verification forwards' logits at the accepted
+        nodes: no extra forward, one extra host read per generation (what the quality of a
+        lossy verifier's text is measured by; docs/verifiers.md).
         """
         verifier = self._verifier_for(temperature)
         if seed is not None:
@@ -220,7 +228,7 @@ class SpecDecoder:
         start = time.perf_counter()
         out = GenerationOutput(tokens=[])
         kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget)
-        row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step)
+        row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step, score)
         rows = self.begin_rows(kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter)),
                                [row], [prompt])
         while rows:
@@ -308,6 +316,8 @@ class SpecDecoder:
             row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
                                **logits_keyword(row.drafter, row_logits))
             counts.append(len(emitted))
+            if row.score:
+                row.nll_sum = negative_log_likelihood(row_logits, read.path, read.tokens, len(emitted)) + row.nll_sum
             row.committed += emitted
             row.out.tokens += emitted
             row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
@@ -328,6 +338,8 @@ class SpecDecoder:
             if row.on_step is not None:
                 row.on_step(StepView(tree, read.path, stats))
             if path is None:
+                if row.score:
+                    row.out.nll = float(row.nll_sum)  # the generation's one extra host read
                 row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
                 row.out.wall_time = time.perf_counter() - start
             else:
@@ -410,6 +422,19 @@ class Row:
     out: GenerationOutput
     generator: torch.Generator | None = None
     on_step: Callable[[StepView], None] | None = None
+    #: Accumulate the output's negative log-likelihood (``nll_sum``, on the device) for ``out.nll``.
+    score: bool = False
+    nll_sum: Any = 0.0
+
+
+def negative_log_likelihood(logits: torch.Tensor, path: torch.Tensor, tokens: list[int], count: int) -> torch.Tensor:
+    """The target's negative log-likelihood (nats, a device scalar) of the first ``count``
+    emitted ``tokens`` of a step: token j follows accepted node ``path[j]``, whose logits row
+    predicted it (the root's row the first token, the last node's the bonus)."""
+    rows = logits[path[:count]]
+    rows = rows.float() if rows.dtype.itemsize < 4 else rows  # half precision: sum in float32
+    ids = torch.tensor(tokens[:count], dtype=torch.long, device=rows.device)
+    return -torch.log_softmax(rows, dim=-1).gather(1, ids[:, None]).sum()
 
 
 def cut_output(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:

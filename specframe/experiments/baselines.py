@@ -36,6 +36,7 @@ class ArmOutput:
         steps: the engine's per-step statistics (specframe arms only).
         trees: the engine's :class:`~specframe.decode.engine.StepView` of every step (tree, accepted
             path, stats; specframe arms only); the record keeps a few of them.
+        nll: the tokens' negative log-likelihood under the target (nats, summed), when scored.
     """
 
     tokens: list[int]
@@ -44,6 +45,7 @@ class ArmOutput:
     accept_lengths: list[int]
     steps: list | None = None
     trees: list = field(default_factory=list)
+    nll: float | None = None
 
 
 # ---------------------------------------------------------------------- options

@@ -128,6 +128,18 @@ class ArmConfig:
         return _plain(dataclasses.asdict(self))
 
 
+def lossy_label(arm: ArmConfig) -> str | None:
+    """``"typical epsilon=0.3"``: the verifier and its options, for an arm whose verifier is
+    not lossless (``Verifier.lossless``); None for lossless arms and baselines."""
+    if arm.verifier is None:
+        return None
+    cls = get_registry().get("verifiers", arm.verifier.name)
+    if getattr(cls, "lossless", True):
+        return None
+    options = " ".join(f"{k}={v}" for k, v in sorted(arm.verifier.options.items()))
+    return f"{arm.verifier.name} {options}".strip()
+
+
 @dataclass
 class DataConfig:
     """The prompts: a JSONL file, an optional category filter and a limit.
@@ -180,6 +192,10 @@ class RunSettings:
     #: Continuous batching: at most ``batch_size`` sequences live, a finished one's row going to
     #: the next question (``autoregressive`` refills the same way).
     batch_refill: bool = False
+    #: Score every speculative answer: its negative log-likelihood under the target, from the
+    #: verification forwards (no extra forward; docs/verifiers.md). None: on when some arm's
+    #: verifier is lossy (then every speculative arm is scored, the lossless ones as the reference).
+    score: bool | None = None
 
     def __post_init__(self) -> None:
         _at_least(self, max_new_tokens=1, warmup=0, repeats=1, threads=1, batch_size=1, batch_budget=1)
@@ -207,6 +223,11 @@ class ExperimentConfig(RunSettings):
                 return arm
         raise ConfigError(f"no arm {name!r}; arms: {', '.join(a.name for a in self.arms)}")
 
+    @property
+    def scored(self) -> bool:
+        """Whether speculative answers are scored (``score``, or by default: a lossy arm)."""
+        return self.score if self.score is not None else any(lossy_label(a) for a in self.arms)
+
     def fingerprint(self) -> dict:
         """Settings shared by all arms that make old answers incomparable when they change."""
         return _plain({
@@ -219,6 +240,8 @@ class ExperimentConfig(RunSettings):
             **({"batch": {"size": self.batch_size, "allocator": self.batch_allocator, "budget": self.batch_budget,
                           **({"refill": True} if self.batch_refill else {})}}
                if self.batch_size > 1 else {}),
+            # Only scored runs carry it: an unscored run's answers have no NLL to report.
+            **({"score": True} if self.scored else {}),
         })
 
 

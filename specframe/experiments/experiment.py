@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from specframe.experiments.baselines import BASELINES, ArmOutput
-from specframe.experiments.config import BYTES_TOKENIZER, ArmConfig, ExperimentConfig, ModelSpec, RANDOM_PREFIX
+from specframe.experiments.config import BYTES_TOKENIZER, RANDOM_PREFIX, ArmConfig, ExperimentConfig, ModelSpec, lossy_label
 from specframe.experiments.data import ByteTokenizer, PromptEncoder, Question, load_questions
 from specframe.errors import ContextError, ExperimentError, one_line, warn
 from specframe.options import build_options
@@ -153,19 +153,24 @@ class SpecRunner:
     callback only keeps a reference, so nothing is read or copied inside the timed region.
     """
 
-    def __init__(self, decoder: Any) -> None:
+    def __init__(self, decoder: Any, score: bool = False) -> None:
         self.decoder = decoder
-        self.greedy = not getattr(decoder.verifier, "sampling", False)
+        self.score = score
+        verifier = decoder.verifier
+        # A lossy verifier at temperature 0 is deterministic: compared with autoregressive too.
+        self.greedy = not getattr(verifier, "sampling", False) or getattr(getattr(verifier, "options", None),
+                                                                          "temperature", None) == 0
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """One speculative generation."""
         views: list = []
         out = self.decoder.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=max_new_tokens,
-                                    eos_token_id=sorted(eos) or None, generator=generator, on_step=views.append)
+                                    eos_token_id=sorted(eos) or None, generator=generator, on_step=views.append,
+                                    score=self.score)
         return ArmOutput(
             tokens=list(out.tokens), target_forwards=len(out.steps),
             draft_forwards=sum(s.draft_forwards for s in out.steps),
-            accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views,
+            accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views, nll=out.nll,
         )
 
     def prepare_batch(self, config: ExperimentConfig, prompts: list[list[int]], eos: set[int]) -> None:
@@ -186,19 +191,20 @@ class SpecRunner:
                        live: int | None) -> tuple[list[ArmOutput], list[float], None]:
         """One batch of ``prompts`` (``live``: continuous batching); the outputs, each
         sequence's latency, and None (the caller's clock is the wall time)."""
-        outs, latency, _ = batch_answers(self.batch, prompts, config, eos, seeds, live)
+        outs, latency, _ = batch_answers(self.batch, prompts, config, eos, seeds, live, self.score)
         return outs, latency, None
 
 
 def batch_answers(batcher: Any, prompts: list[list[int]], config: ExperimentConfig, eos: set[int], seeds: list,
-                  live: int | None) -> tuple[list[ArmOutput], list[float], Any]:
+                  live: int | None, score: bool = False) -> tuple[list[ArmOutput], list[float], Any]:
     """``batcher`` (a ``BatchDecoder``) on one batch under the experiment's allocator budget:
     every sequence's :class:`ArmOutput` and latency, and the ``BatchOutput``."""
     rows = min(len(prompts), config.batch_size)
     batcher.allocator.options.budget = config.batch_budget and config.batch_budget * rows
-    res = batcher.generate(prompts, config.max_new_tokens, sorted(eos) or None, seeds=seeds, max_live=live)
+    res = batcher.generate(prompts, config.max_new_tokens, sorted(eos) or None, seeds=seeds, max_live=live,
+                           score=score)
     outs = [ArmOutput(list(o.tokens), len(o.steps), sum(s.draft_forwards for s in o.steps),
-                      [s.emitted for s in o.steps], steps=o.steps) for o in res.outputs]
+                      [s.emitted for s in o.steps], steps=o.steps, nll=o.nll) for o in res.outputs]
     return outs, res.latencies, res
 
 
@@ -261,7 +267,7 @@ def _build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: Experime
         policy=(arm.policy.name, arm.policy.options),
         verifier=(arm.verifier.name, arm.verifier.options),
     )
-    return SpecRunner(decoder)
+    return SpecRunner(decoder, score=config.scored)
 
 
 # ---------------------------------------------------------------------- records
@@ -293,12 +299,15 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
                     wall_time=[round(t[2], 7) for t in turns],
                     accept_lengths=[a for o in outs for a in o.accept_lengths],
                     decoding_steps=[o.target_forwards for o in outs])
+    scored = all(o.nll is not None for o in outs)
     return AnswerRecord(
         question_id=question.question_id, category=question.category,
         answer_id=f"{arm.slug}/{question.question_id}/{repeat}", model_id=model_id, arm=arm.name,
         repeat=repeat, greedy=greedy, tstamp=time.time(), choice=choice,
         draft_forwards=[o.draft_forwards for o in outs], prompt_tokens=[len(t[0]) for t in turns],
         output_ids=[o.tokens for o in outs], steps=steps_columns(steps), trees=_pick_trees(trees, trees_k),
+        # per turn: the tokens' negative log-likelihood under the target (nats, summed)
+        extra={"nll": [round(o.nll, 6) for o in outs]} if scored else {},
     )
 
 
@@ -667,6 +676,9 @@ class Experiment:
         report states the protocol they were timed under)."""
         run_file = RunFile(self.out_dir)
         run_file.record_greedy({name: bool(r.greedy) for name, r in runners.items()})
+        lossy = {a.name: label for a in self.config.arms if a.name in runners and (label := lossy_label(a))}
+        if lossy:  # the report marks these arms (their answers may differ by design)
+            run_file.update(lossy={**run_file.read().get("lossy", {}), **lossy})
         stateful = sorted(set(run_file.read().get("protocol", {}).get("stateful_arms", []))
                           | {name for name, r in runners.items() if keeps_state(r)})
         run_file.update(protocol={**PROTOCOL, "stateful_arms": stateful})

@@ -119,6 +119,32 @@ def mismatches(records: list[dict], base: list[dict]) -> dict:
     return {"mismatches": sum(a != b for a, b in pairs), "compared": len(pairs)}
 
 
+def identical(records: list[dict], base: list[dict]) -> dict:
+    """For an arm allowed to differ (a lossy verifier): the share of answers identical to the
+    baseline's, and the mean token position where the others first leave it."""
+    ref = {answer_key(r): r["output_ids"] for r in base if "output_ids" in r}
+    pairs = [(r["output_ids"], ref[answer_key(r)]) for r in records if "output_ids" in r and answer_key(r) in ref]
+    firsts = [_first_divergence(a, b) for a, b in pairs if a != b]
+    return {"identical": (len(pairs) - len(firsts)) / len(pairs) if pairs else None, "compared": len(pairs),
+            "first_divergence": float(np.mean(firsts)) if firsts else None}
+
+
+def _first_divergence(a: list[list[int]], b: list[list[int]]) -> int:
+    """Tokens of ``a`` (turns concatenated) before its first difference from ``b``."""
+    flat_a, flat_b = [t for turn in a for t in turn], [t for turn in b for t in turn]
+    return common_prefix(flat_a, flat_b)
+
+
+def nll(records: list[dict]) -> dict | None:
+    """``{"nll": mean per token, "nll_tokens"}`` over scored answers (``nll`` per turn, summed
+    nats); None when no answer is scored."""
+    scored = [r for r in records if r.get("nll") is not None]
+    if not scored:
+        return None
+    tokens = sum(tokens_of(r) for r in scored)
+    return {"nll": sum(sum(r["nll"]) for r in scored) / max(1, tokens), "nll_tokens": tokens}
+
+
 # ---------------------------------------------------------------------- tree statistics
 def funnel(records: list[dict], max_rank: int = MAX_RANK) -> dict | None:
     """Acceptance funnel: ``frequency[d-1][r]`` = share of steps accepting a depth-d node of rank r.
@@ -202,13 +228,15 @@ def accuracy(records: list[dict], references: dict[str, object] | None) -> dict 
 
 
 def arm_metrics(records: list[dict], base: list[dict] | None, greedy: bool,
-                references: dict[str, object] | None = None) -> dict:
-    """Every table metric of one arm over ``records`` (one category or all)."""
+                references: dict[str, object] | None = None, lossy: bool = False) -> dict:
+    """Every table metric of one arm over ``records`` (one category or all); a ``lossy`` arm
+    gets its identical share instead of a mismatch count."""
     out = totals(records)
     if base is not None:
         out.update(speedup(records, base))
         if greedy:
-            out.update(mismatches(records, base))
+            out.update(identical(records, base) if lossy else mismatches(records, base))
+    out.update(nll(records) or {})
     acc = accuracy(records, references)
     if acc is not None:
         out.update(acc)
@@ -221,21 +249,44 @@ def summarize(run: dict) -> dict:
     base_name = run.get("baseline")
     base = arms.get(base_name) if base_name else None
     references = run.get("references") or {}
+    lossy = run.get("lossy") or {}
     out_arms = []
     for name, records in arms.items():
         greedy = bool(run["greedy"].get(name, False))
         base_groups = by_category(base) if base is not None else {}
-        cats = {cat: arm_metrics(recs, base_groups.get(cat, []) if base is not None else None, greedy, references)
+        cats = {cat: arm_metrics(recs, base_groups.get(cat, []) if base is not None else None, greedy, references,
+                                 name in lossy)
                 for cat, recs in by_category(records).items()}
         out_arms.append({
             "name": name, "greedy": greedy, "description": run["descriptions"].get(name, {}),
+            **({"lossy": lossy[name]} if name in lossy else {}),
             "overall": cats[ALL], "categories": {k: v for k, v in cats.items() if k != ALL},
             "funnel": funnel(records), "shapes": tree_shapes(records),
             "budget_cuts": budget_cuts(records),
         })
+    reference = nll_reference(out_arms)
+    if reference is not None:
+        add_nll_gaps(out_arms, next(a for a in out_arms if a["name"] == reference))
     return {"name": run.get("name"), "target": run.get("target"), "max_new_tokens": run.get("max_new_tokens"),
             "repeats": run.get("repeats"), "baseline": base_name, "torch": run.get("torch"), "arms": out_arms,
-            "overflow_skipped": run.get("overflow_skipped", [])}
+            "overflow_skipped": run.get("overflow_skipped", []),
+            **({"nll_reference": reference} if reference else {})}
+
+
+def add_nll_gaps(arms: list[dict], reference: dict) -> None:
+    """``nll_gap``: each scored arm's NLL per token less the reference arm's, overall and per category."""
+    for arm in arms:
+        pairs = [(arm["overall"], reference["overall"])]
+        pairs += [(m, reference["categories"].get(k)) for k, m in arm["categories"].items()]
+        for mine, theirs in pairs:
+            if theirs and mine.get("nll") is not None and theirs.get("nll") is not None:
+                mine["nll_gap"] = mine["nll"] - theirs["nll"]
+
+
+def nll_reference(arms: list[dict]) -> str | None:
+    """The arm whose negative log-likelihood the others' gap is taken against: the first
+    scored lossless arm (a lossy arm's text is measured against what exact decoding writes)."""
+    return next((a["name"] for a in arms if "lossy" not in a and a["overall"].get("nll") is not None), None)
 
 
 def budget_cuts(records: Iterable[dict]) -> dict:

@@ -142,6 +142,35 @@ def speedup_bars(summary: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def quality_pareto(summary: dict, path: Path) -> Path | None:
+    """Speedup against NLL gap: what each lossy arm buys in speed for what its text costs
+    (the lossless reference sits at gap 0); the upper-left frontier is joined. None without a
+    scored lossy arm."""
+    arms = [a for a in summary["arms"] if a["overall"].get("nll_gap") is not None
+            and a["overall"].get("speedup") is not None]
+    if not any("lossy" in a for a in arms):
+        return None
+    fig = _figure(6.4, 4.4)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = arm_colors(summary)
+    points = [(a["overall"]["nll_gap"], a["overall"]["speedup"], a) for a in arms]
+    for gap, speed, arm in points:
+        ax.scatter(gap, speed, s=60, color=colors[arm["name"]], marker="o" if "lossy" in arm else "s",
+                   edgecolors="black", linewidths=0.6, zorder=3)
+        ax.annotate(arm["name"], (gap, speed), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    frontier, best = [], -np.inf
+    for gap, speed, _ in sorted(points, key=lambda p: (p[0], -p[1])):
+        if speed > best:
+            frontier.append((gap, speed))
+            best = speed
+    ax.plot(*zip(*frontier), color="grey", lw=1, ls="--", zorder=2)
+    ax.axvline(0.0, color="black", lw=0.8, ls=":")
+    ax.set_xlabel(f"NLL gap per token vs {summary.get('nll_reference')} (nats; > 0: less likely text)")
+    ax.set_ylabel("speedup vs autoregressive")
+    ax.set_title("Speed bought vs quality cost (circles: lossy verifiers; dashed: Pareto frontier)")
+    return _save(fig, path)
+
+
 # ---------------------------------------------------------------------- trees
 def tree_graph(data: dict) -> Any:
     """A ``networkx.DiGraph`` of a recorded tree, nodes added in depth-first order.
@@ -244,5 +273,6 @@ def make_plots(run: dict, summary: dict, plot_dir: str | Path) -> dict[str, Path
         "delta vs tau": delta_tau_scatter(run, summary, plot_dir / "delta_tau.png"),
         "Tree depth and width distributions": shape_distributions(summary, plot_dir / "shapes.png"),
         "Typical trees": tree_drawings(run, summary, plot_dir / "trees.png"),
+        "Speedup vs NLL gap (lossy verifiers)": quality_pareto(summary, plot_dir / "quality_pareto.png"),
     }
     return {title: p for title, p in made.items() if p is not None}

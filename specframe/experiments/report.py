@@ -12,6 +12,7 @@ from specframe.experiments.runs import RunDir, write_json
 COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
            "target fwd/token", "mismatches vs AR")
 ACCURACY = "accuracy"  # shown after COLUMNS only when some arm was scored against references
+QUALITY = ("NLL/token", "NLL gap")  # shown when answers were scored (a lossy arm, or score = true)
 
 
 def with_accuracy(summary: dict) -> bool:
@@ -19,9 +20,40 @@ def with_accuracy(summary: dict) -> bool:
     return any("accuracy" in a["overall"] for a in summary["arms"])
 
 
+def with_quality(summary: dict) -> bool:
+    """Whether any arm of ``summary`` was scored (its answers carry their NLL under the target)."""
+    return any(a["overall"].get("nll") is not None for a in summary["arms"])
+
+
 def columns(summary: dict) -> tuple[str, ...]:
-    """The table columns of ``summary``: :data:`COLUMNS`, plus accuracy when there is one."""
-    return COLUMNS + ((ACCURACY,) if with_accuracy(summary) else ())
+    """The table columns of ``summary``: :data:`COLUMNS`, plus accuracy and the NLL columns
+    when there are any."""
+    return COLUMNS + ((ACCURACY,) if with_accuracy(summary) else ()) + (QUALITY if with_quality(summary) else ())
+
+
+def quality_cells(metrics: dict) -> list[str]:
+    """The NLL per token and its gap to the reference arm ("-" when not scored)."""
+    gap = metrics.get("nll_gap")
+    return [_num(metrics.get("nll"), 3), "-" if gap is None else f"{gap:+.3f}"]
+
+
+def agreement_cell(arm: dict, metrics: dict, baseline: str | None) -> str:
+    """The "mismatches vs AR" cell: a count for greedy lossless arms; a lossy arm is marked
+    as such, with its share of answers identical to autoregressive's under greedy."""
+    if arm["name"] == baseline:
+        return "(reference)"
+    if "lossy" in arm:
+        mark = f"lossy: {arm['lossy']}"
+        if metrics.get("identical") is None:
+            return mark
+        first = metrics.get("first_divergence")
+        same = round(metrics["identical"] * metrics["compared"])
+        return f"{mark}; identical {same}/{metrics['compared']}" + (f", first diff at {first:.1f}" if first is not None else "")
+    if not arm["greedy"]:
+        return "n/a (sampling)"
+    if "mismatches" in metrics:
+        return f"{metrics['mismatches']}/{metrics['compared']}"
+    return "-"
 
 
 def accuracy_cell(metrics: dict) -> str:
@@ -35,24 +67,18 @@ def _num(value: Any, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False) -> list[str]:
-    """One table row: the columns of :data:`COLUMNS` as text, and the accuracy if ``accuracy``."""
+def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False, quality: bool = False) -> list[str]:
+    """One table row: the columns of :data:`COLUMNS` as text, the accuracy if ``accuracy``,
+    the NLL columns if ``quality``."""
     sp = metrics.get("speedup")
     speed = "-" if sp is None else (f"{sp:.2f}" + (f" ± {metrics['speedup_std']:.2f}" if metrics.get("speedup_std") else ""))
     ci = metrics.get("speedup_ci")
-    if arm["name"] == baseline:
-        mism = "(reference)"
-    elif not arm["greedy"]:
-        mism = "n/a (sampling)"
-    elif "compared" in metrics:
-        mism = f"{metrics['mismatches']}/{metrics['compared']}"
-    else:
-        mism = "-"
+    mism = agreement_cell(arm, metrics, baseline)
     return [
         arm["name"] + (" (replay)" if arm.get("replay") else ""), str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
         _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
         _num(metrics["target_forwards_per_token"], 3), mism,
-    ] + ([accuracy_cell(metrics)] if accuracy else [])
+    ] + ([accuracy_cell(metrics)] if accuracy else []) + (quality_cells(metrics) if quality else [])
 
 
 def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[str]:
@@ -64,7 +90,7 @@ def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[st
 def markdown(summary: dict, figures: dict[str, str]) -> str:
     """The report text."""
     base = summary.get("baseline")
-    acc = with_accuracy(summary)
+    acc, qual = with_accuracy(summary), with_quality(summary)
     cols = columns(summary)
     lines = [
         f"# Experiment: {summary.get('name')}", "",
@@ -78,13 +104,13 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         rep = summary["replay"]
         lines[-3:-3] = [f"Arms marked (replay) were replayed over the trace `{rep['trace']}` without running the "
                         f"target (docs/replay.md); their times are projected: {rep['projection']}.", ""]
-    lines += _md_table([row(a, a["overall"], base, acc) for a in summary["arms"]], cols)
+    lines += _md_table([row(a, a["overall"], base, acc, qual) for a in summary["arms"]], cols)
     categories = sorted({c for a in summary["arms"] for c in a["categories"]})
     if len(categories) > 1:
         lines += ["", "## Per category"]
         for cat in categories:
             lines += ["", f"### {cat}", ""]
-            lines += _md_table([row(a, a["categories"][cat], base, acc) for a in summary["arms"]
+            lines += _md_table([row(a, a["categories"][cat], base, acc, qual) for a in summary["arms"]
                                 if cat in a["categories"]], cols)
     lines += notices(summary)
     if figures:
@@ -101,6 +127,12 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
         "- mismatches vs AR: greedy answers whose tokens differ from the autoregressive arm's.",
         *(["- accuracy: share of answers (last turn) whose final number matches the question's reference "
             "answer (GSM8K rule), with correct/scored; \"-\" for arms without references."] if acc else []),
+        *([f"- NLL/token: mean negative log-likelihood (nats) of an arm's answers under the target, from its "
+           f"verification forwards; NLL gap: that less the lossless reference arm "
+           f"`{summary.get('nll_reference')}`'s (> 0: text the target finds less likely)."] if qual else []),
+        "- lossy: the arm's verifier is not lossless (docs/verifiers.md): its answers may differ from exact "
+        "decoding by design, so it shows, under greedy, its share of answers identical to autoregressive's and "
+        "the mean token position where the others first differ, instead of a mismatch count.",
         "", "Full definitions: docs/experiments.md.", "",
     ]
     return "\n".join(lines)
@@ -181,12 +213,12 @@ def summary_table(summary: dict, title: str | None = None) -> Any:
     # Arm names are what a reader compares: never ellipsise them (a narrow or piped terminal
     # folds the numeric columns instead).
     longest = max((len(a["name"]) + (9 if a.get("replay") else 0) for a in summary["arms"]), default=3)
-    acc = with_accuracy(summary)
+    acc, qual = with_accuracy(summary), with_quality(summary)
     for col in columns(summary):
         if col == "arm":
             table.add_column(col, justify="left", no_wrap=True, min_width=longest)
         else:
             table.add_column(col, justify="right", overflow="fold")
     for arm in summary["arms"]:
-        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"), acc)))
+        table.add_row(*(escape(c) for c in row(arm, arm["overall"], summary.get("baseline"), acc, qual)))
     return table
