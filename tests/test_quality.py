@@ -96,6 +96,16 @@ def test_identical_share_and_first_divergence():
     assert got["first_divergence"] == pytest.approx((1 + 2) / 2)  # [5|0] at 1, [8 9|1] at 2
 
 
+def test_nll_gap_ci_covers_a_known_gap_and_is_none_for_one_answer():
+    from specframe.experiments.metrics import nll_gap_ci
+
+    arm = [_record(q, [1] * 10, 3.0 + 0.1 * (q % 3)) for q in range(30)]
+    ref = [_record(q, [1] * 10, 2.0 + 0.1 * (q % 3)) for q in range(30)]
+    low, high = nll_gap_ci(arm, ref)
+    assert low == pytest.approx(0.1) and high == pytest.approx(0.1)  # every question: +1 nat / 10 tokens
+    assert nll_gap_ci(arm[:1], ref[:1]) is None
+
+
 def test_nll_is_per_token_over_scored_answers():
     assert nll([_record(0, [1, 2, 3, 4], 2.0), _record(1, [5, 6], 4.0)])["nll"] == pytest.approx(6.0 / 6)
     assert nll([_record(0, [1, 2])]) is None
@@ -175,6 +185,8 @@ def test_the_report_marks_lossy_arms_with_their_quality(quality_run):
     assert "lossy: typical delta=0.9 epsilon=0.5 temperature=0.8" in text
     assert "lossy: margin ratio=0.2 temperature=0; identical " in text
     assert (quality_run / "plots" / "quality_pareto.png").stat().st_size > 0
+    low, high = arms["loose"]["overall"]["nll_gap_ci"]
+    assert low <= arms["loose"]["overall"]["nll_gap"] <= high
 
 
 def test_no_pareto_plot_without_a_lossy_arm(tmp_path):

@@ -267,6 +267,9 @@ def summarize(run: dict) -> dict:
     reference = nll_reference(out_arms)
     if reference is not None:
         add_nll_gaps(out_arms, next(a for a in out_arms if a["name"] == reference))
+        for arm in out_arms:
+            if arm["name"] != reference and arm["overall"].get("nll_gap") is not None:
+                arm["overall"]["nll_gap_ci"] = nll_gap_ci(arms[arm["name"]], arms[reference])
     return {"name": run.get("name"), "target": run.get("target"), "max_new_tokens": run.get("max_new_tokens"),
             "repeats": run.get("repeats"), "baseline": base_name, "torch": run.get("torch"), "arms": out_arms,
             "overflow_skipped": run.get("overflow_skipped", []),
@@ -281,6 +284,21 @@ def add_nll_gaps(arms: list[dict], reference: dict) -> None:
         for mine, theirs in pairs:
             if theirs and mine.get("nll") is not None and theirs.get("nll") is not None:
                 mine["nll_gap"] = mine["nll"] - theirs["nll"]
+
+
+def nll_gap_ci(records: list[dict], reference: list[dict], level: float = 0.95, seed: int = 0) -> list[float] | None:
+    """Bootstrap CI (questions resampled, paired) of the NLL-per-token gap of ``records`` to
+    ``reference``: how much of a gap the sampling of a few dozen answers explains."""
+    ref = {answer_key(r): r for r in reference if r.get("nll") is not None}
+    pairs = [(r, ref[answer_key(r)]) for r in records if r.get("nll") is not None and answer_key(r) in ref]
+    if len(pairs) < 2:
+        return None
+    cols = np.array([[sum(a["nll"]), tokens_of(a), sum(b["nll"]), tokens_of(b)] for a, b in pairs], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(pairs), size=(BOOTSTRAP, len(pairs)))
+    sums = cols[idx].sum(axis=1)
+    gaps = sums[:, 0] / np.maximum(sums[:, 1], 1) - sums[:, 2] / np.maximum(sums[:, 3], 1)
+    tail = (1 - level) / 2 * 100
+    return [float(np.percentile(gaps, tail)), float(np.percentile(gaps, 100 - tail))]
 
 
 def nll_reference(arms: list[dict]) -> str | None:

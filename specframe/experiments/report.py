@@ -33,8 +33,9 @@ def columns(summary: dict) -> tuple[str, ...]:
 
 def quality_cells(metrics: dict) -> list[str]:
     """The NLL per token and its gap to the reference arm ("-" when not scored)."""
-    gap = metrics.get("nll_gap")
-    return [_num(metrics.get("nll"), 3), "-" if gap is None else f"{gap:+.3f}"]
+    gap, ci = metrics.get("nll_gap"), metrics.get("nll_gap_ci")
+    cell = "-" if gap is None else f"{gap:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+    return [_num(metrics.get("nll"), 3), cell]
 
 
 def agreement_cell(arm: dict, metrics: dict, baseline: str | None) -> str:
@@ -129,7 +130,8 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
             "answer (GSM8K rule), with correct/scored; \"-\" for arms without references."] if acc else []),
         *([f"- NLL/token: mean negative log-likelihood (nats) of an arm's answers under the target, from its "
            f"verification forwards; NLL gap: that less the lossless reference arm "
-           f"`{summary.get('nll_reference')}`'s (> 0: text the target finds less likely)."] if qual else []),
+           f"`{summary.get('nll_reference')}`'s (> 0: text the target finds less likely), with a 95% bootstrap "
+           f"CI over questions (the sampling of answers alone moves it that much)."] if qual else []),
         "- lossy: the arm's verifier is not lossless (docs/verifiers.md): its answers may differ from exact "
         "decoding by design, so it shows, under greedy, its share of answers identical to autoregressive's and "
         "the mean token position where the others first differ, instead of a mismatch count.",
@@ -158,11 +160,19 @@ def notice_lines(summary: dict) -> list[str]:
         if cut.get("steps"):
             out.append(f"arm {arm['name']}: the context cut the node budget in {cut['steps']} of {cut['of']} "
                        f"steps (by up to {cut['max_cut']} nodes): the target's maximum length is near")
+    lossy = {a["name"] for a in summary["arms"] if "lossy" in a}
+    by_design: dict[str, int] = {}
     for div in summary.get("divergences") or []:
+        if div["arm"] in lossy:  # expected: counted once per arm below, listed in divergences.json
+            by_design[div["arm"]] = by_design.get(div["arm"], 0) + 1
+            continue
         out.append(f"arm {div['arm']}, question {div['question_id']!r} (repeat {div['repeat']}, turn {div['turn']}): "
                    f"differs from autoregressive at token {div['position']} ({div['arm_token']} instead of "
                    f"{div['reference_token']}); the target's top-2 logit margin there is {div['margin']:.3g}"
                    + (" (a float32 near-tie)" if div["margin"] < 1e-3 else ""))
+    for name, count in by_design.items():
+        out.append(f"arm {name} (lossy) differs from autoregressive in {count} answer(s), as its verifier allows "
+                   "(divergences.json lists where, with the target's margin there)")
     for skip in summary.get("overflow_skipped") or []:
         out.append(f"question {skip['question_id']!r} skipped: prompt ({skip['prompt_tokens']} tokens) + "
                    f"max_new_tokens ({skip['max_new_tokens']}) exceeds the target's {skip['max_positions']} "
