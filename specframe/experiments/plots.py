@@ -167,7 +167,7 @@ def quality_pareto(summary: dict, path: Path) -> Path | None:
     ax.axvline(0.0, color="black", lw=0.8, ls=":")
     ax.set_xlabel(f"NLL gap per token vs {summary.get('nll_reference')} (nats; > 0: less likely text)")
     ax.set_ylabel("speedup vs autoregressive")
-    ax.set_title("Speed bought vs quality cost (circles: lossy verifiers; dashed: Pareto frontier)")
+    ax.set_title("Speed vs quality cost (circles: lossy; dashed: Pareto frontier)", fontsize=10)
     return _save(fig, path)
 
 
