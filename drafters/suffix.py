@@ -3,8 +3,10 @@ method via Arctic Inference), model-free.
 
 Two structures (:mod:`specframe.drafters.suffix_tree`): a per-request index over prompt +
 committed tokens, and (``global_tree``) a global one over the outputs of this instance's
-earlier ``generate`` calls: each generation's output joins it at :meth:`SuffixDrafter.finish`,
-exactly as emitted (cut at ``max_new_tokens`` and EOS). At most ``max_cached_requests``
+earlier ``generate`` calls; with ``datastore``, a third, read-only one: a corpus and its
+suffix array (:mod:`specframe.drafters.datastore`, REST's retrieval). Each generation's
+output joins the global one at :meth:`SuffixDrafter.finish`, exactly as emitted (cut at
+``max_new_tokens`` and EOS). At most ``max_cached_requests``
 outputs are kept; the oldest is evicted first.
 
 At a node u the query is the committed sequence followed by the path root -> u. Each structure
@@ -13,6 +15,8 @@ gives the counts of the tokens that followed the longest suffix of the query it 
 ``m_g`` (global), each 0 when unmatched, and normalised frequencies ``p_r``, ``p_g``::
 
     p(t) = (m_r * p_r(t) + m_g * p_g(t)) / (m_r + m_g)
+
+(a datastore adds its own term ``m_d * p_d(t)`` the same way)
 
 so the longer match weighs more and one structure alone gives its own frequencies.
 
@@ -46,6 +50,7 @@ from specframe.options import require
 from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
+from .datastore import load
 from .suffix_tree import Counts, OutputCache, RequestIndex
 
 Ranked = tuple[list[float], list[int]]
@@ -64,6 +69,8 @@ class SuffixDrafterOptions:
         global_tree: also match the outputs of earlier generations of this instance.
         max_cached_requests: earlier outputs kept in the global index (oldest evicted first).
         fallback_prob: probability of the single fallback token of a row with no child.
+        datastore: a REST datastore folder (``specframe datastore build``): its corpus is a
+            third structure, matched and weighed like the other two (REST's retrieval).
     """
 
     max_depth: int = 24
@@ -74,6 +81,7 @@ class SuffixDrafterOptions:
     global_tree: bool = True
     max_cached_requests: int = 64
     fallback_prob: float = 1e-6
+    datastore: str | None = None
 
     def __post_init__(self) -> None:
         require(_is_int(self.max_depth) and self.max_depth >= 0, "max_depth", f"must be an int >= 0, got {self.max_depth!r}")
@@ -86,6 +94,8 @@ class SuffixDrafterOptions:
         require(_is_int(self.max_cached_requests) and self.max_cached_requests >= 1, "max_cached_requests",
                 f"must be an int >= 1, got {self.max_cached_requests!r}")
         require(0.0 <= self.fallback_prob <= 1.0, "fallback_prob", f"must be in [0, 1], got {self.fallback_prob}")
+        require(self.datastore is None or isinstance(self.datastore, str), "datastore",
+                f"must be the path of a datastore folder (specframe datastore build), got {self.datastore!r}")
 
 
 def _is_int(value: Any) -> bool:
@@ -121,6 +131,7 @@ class SuffixDrafter(Drafter):
         self.persistent_state = bool(options.global_tree)
         self.cache = OutputCache(options.max_match, options.max_cached_requests)
         self.request = RequestIndex(options.max_match)
+        self.datastore = load(options.datastore, self.vocab_size) if options.datastore else None
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -159,6 +170,8 @@ class SuffixDrafter(Drafter):
             matches = [self.request.index.longest(query, self.options.min_match)]
             if self.options.global_tree:
                 matches.append(self.cache.index.longest(query, self.options.min_match))
+            if self.datastore is not None:
+                matches.append(self.datastore.longest(query, self.options.min_match))
             found = self._dists[path] = (max(m for m, _ in matches), combine(matches))
         return found
 
