@@ -21,6 +21,18 @@ step), so relative gates (TALON's) see a consistent order, ``budget = "auto"`` c
 the merged ranks, and ties follow the project's rule (lower token id first). The weights
 change only in ``commit``, so all rows of one step come from one rule.
 
+``mode = "cascade"`` (the parts listed cheapest first, e.g. ``["ngram", ["eagle3", {...}]]``):
+retrieve first, draft with a model only where retrieval fails ("Draft Less, Retrieve More",
+arXiv 2605.20104). At a step's first call (the root) the parts are asked in order, and a
+later part joins only while every earlier part's best root candidate is below ``threshold``
+(a probability); the step's rows are then the ``"max"`` merge of the parts asked (one part: its
+own rows). The choice holds for the whole step, so a model part drafts a whole tree or sits
+the step out: an EAGLE head can only expand nodes whose ancestors it expanded, and it still
+receives every committed token's target feature in ``commit`` (it forwards the backlog at its
+next root), so its state stays whole whatever steps it skipped. Draft time counts only the
+parts asked; deciding costs one host read per step; :attr:`HybridDrafter.steps_asked` counts
+the steps each part was asked in.
+
 Lossless by construction: the hybrid is just a drafter, so the verifier decides as always.
 
 Cost: one ``expand`` calls every part's ``expand`` (``expand_top``: every part's
@@ -64,6 +76,8 @@ def _split(entry: Any) -> tuple[str, dict]:
 
 #: The merge rules of the ``score`` option (see the module docstring).
 SCORES = ("calibrated", "max")
+#: How the parts are asked: all of them at every node, or in order until one is confident.
+MODES = ("merge", "cascade")
 
 
 @dataclass
@@ -80,12 +94,19 @@ class HybridDrafterOptions:
             moves the factors more slowly.
         calibration_decay: with ``"calibrated"``: per-step decay in (0, 1] of the evidence,
             so the factors follow the sequence (1 keeps every step's evidence).
+        mode: ``"merge"`` (every part at every node) or ``"cascade"`` (parts in the order
+            listed, cheapest first: a step asks the next part only while the earlier ones'
+            best root candidate is below ``threshold``; the module docstring).
+        threshold: with ``"cascade"``: the probability in [0, 1] a part's best candidate at
+            the root must reach for the later parts to sit the step out.
     """
 
     drafters: list = field(default_factory=lambda: ["ngram", "recycle"])
     score: str = "max"
     calibration_prior: float = 1.0
     calibration_decay: float = 0.95
+    mode: str = "merge"
+    threshold: float = 0.5
 
     def __post_init__(self) -> None:
         require(isinstance(self.drafters, (list, tuple)) and len(self.drafters) >= 1, "drafters",
@@ -97,6 +118,11 @@ class HybridDrafterOptions:
                 f"must be a finite number > 0, got {self.calibration_prior!r}")
         require(0.0 < self.calibration_decay <= 1.0, "calibration_decay",
                 f"must be in (0, 1], got {self.calibration_decay!r}")
+        require(self.mode in MODES, "mode", f"must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
+        require(isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0, "threshold",
+                f"must be a probability in [0, 1], got {self.threshold!r}")
+        require(self.mode == "merge" or self.score == "max", "score",
+                f"'calibrated' merges every part at every node; mode = 'cascade' takes score = 'max', got {self.score!r}")
 
 
 #: Candidates per part kept for calibration from a dense ``expand`` row (its top entries): a
@@ -214,7 +240,6 @@ class HybridDrafter(Drafter):
         self.needs_prompt_logits = any(wants_prompt_logits(p) for p in self.parts)
         self.persistent_state = any(getattr(p, "persistent_state", False) for p in self.parts)
         self.replay = max((getattr(p, "replay", "unsupported") for p in self.parts), key=_replay_rank)
-        self.log_parts = math.log(len(self.parts))
         # One part has nothing to be calibrated against: its weight is 1 under either rule.
         self.calibrated = options.score == "calibrated" and len(self.parts) > 1
         self.calibration = PartCalibration(len(self.parts), options.calibration_prior, options.calibration_decay,
@@ -223,6 +248,10 @@ class HybridDrafter(Drafter):
         # can repeat.
         self.learns_from_verdicts = self.calibrated or any(
             getattr(p, "learns_from_verdicts", False) for p in self.parts)
+        self.cascade = options.mode == "cascade" and len(self.parts) > 1
+        self._active: list[Drafter] | None = None  # this step's parts (cascade), chosen at its first call
+        #: Steps each part was asked in (cascade: what the threshold saved).
+        self.steps_asked = [0] * len(self.parts)
 
     @classmethod
     def from_parts(cls, parts: list[Drafter], target: Any, **options: Any) -> "HybridDrafter":
@@ -246,6 +275,7 @@ class HybridDrafter(Drafter):
             logits = target_logits if wants_prompt_logits(part) else None
             part.begin(prompt_ids, **self._inputs(part, target_hidden, logits))
         self.calibration.reset()
+        self._active = None
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None, target_logits: torch.Tensor | None = None) -> None:
@@ -255,6 +285,7 @@ class HybridDrafter(Drafter):
             part.commit(tokens, path, tree=tree, **self._inputs(part, target_hidden, target_logits))
         if self.calibrated and tree is not None:
             self.calibration.learn(tree, path)
+        self._active = None
 
     @staticmethod
     def _inputs(part: Drafter, hidden: Any, logits: torch.Tensor | None) -> dict[str, Any]:
@@ -266,15 +297,36 @@ class HybridDrafter(Drafter):
         return out
 
     # ------------------------------------------------------------------ drafting
+    def active_parts(self, tree: DraftTree, nodes: torch.Tensor) -> list[Drafter]:
+        """The parts this step asks: all of them (merge), or, in cascade, the parts in order up
+        to the first whose best candidate at the step's first call (the root) reaches the
+        threshold (every part when none does). Chosen once per step, so a part is asked for
+        the whole tree or sits the step out: an EAGLE head expands only nodes whose ancestors it
+        expanded, and still gets every committed token in ``commit``."""
+        if not self.cascade:
+            return self.parts
+        if self._active is None:
+            self._active = list(self.parts)
+            for j, part in enumerate(self.parts[:-1]):
+                values = part.expand_top(tree, nodes, 1)[0]
+                # One host read a step: whether to run the costlier parts is a host decision.
+                if math.exp(float(values.max())) >= self.options.threshold:
+                    self._active = self.parts[: j + 1]
+                    break
+            for j in range(len(self._active)):
+                self.steps_asked[j] += 1
+        return self._active
+
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Dense merged rows: the elementwise max of the parts' rows, each shifted by its
-        part's log-weight (``"max"``: the max, minus log(parts))."""
-        rows = [part.expand(tree, nodes) for part in self.parts]
+        part's log-weight (``"max"``: the max, minus log(parts)); in cascade, of this step's parts."""
+        parts = self.active_parts(tree, nodes)
+        rows = [part.expand(tree, nodes) for part in parts]
         if not self.calibrated:
             merged = rows[0]
             for row in rows[1:]:
                 merged = torch.maximum(merged, row)
-            return merged - self.log_parts
+            return merged - math.log(len(parts))
         log_weight = self.calibration.log_weight.to(rows[0].device)
         merged = rows[0] + log_weight[0]
         for p, row in enumerate(rows[1:], start=1):
@@ -287,7 +339,8 @@ class HybridDrafter(Drafter):
     def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The merged rows' top ``k`` from the union of the parts' top ``k`` (see the module)."""
         k = min(int(k), self.vocab_size)
-        tops = [part.expand_top(tree, nodes, k) for part in self.parts]
+        parts = self.active_parts(tree, nodes)
+        tops = [part.expand_top(tree, nodes, k) for part in parts]
         if self.calibrated:
             values, ids = torch.stack([t[0] for t in tops], dim=1), torch.stack([t[1] for t in tops], dim=1)
             self.calibration.record(len(tree), nodes, ids, values)
@@ -296,7 +349,7 @@ class HybridDrafter(Drafter):
         else:
             values = torch.cat([t[0] for t in tops], dim=-1)
             ids = torch.cat([t[1] for t in tops], dim=-1)
-            shift = self.log_parts
+            shift = math.log(len(parts))
         if k == 1:  # a chain's layer: every step asks this, and the general merge costs ~20 ops
             return with_ranks(*best_first(values, ids, shift), tree.device)
         ids, values = canonical_rows(ids, best_of_duplicates(ids, values) - shift, k, self.vocab_size)

@@ -135,3 +135,26 @@ def test_the_datastore_option_is_checked(tmp_path):
         make_plugin("drafters", ("suffix", {"datastore": 3}), target)
     with pytest.raises(DatastoreError, match="no datastore.json"):
         make_plugin("drafters", ("suffix", {"datastore": str(tmp_path)}), target)
+
+
+POLICIES = get_registry().names("policies")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=max(2, EXAMPLES // 3), deadline=None)
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8),
+       noise=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), max_size=3),
+       keep=st.integers(0, 12))
+def test_every_policy_with_a_datastore_is_lossless(tmp_path_factory, policy, prompt, noise, keep):
+    """A generated corpus (random documents, and the prompt followed by the first ``keep`` tokens
+    of its greedy continuation): whatever the datastore proposes, the output is greedy decoding."""
+    out_dir = tmp_path_factory.mktemp("ds")
+    build([*noise, prompt + continuation(prompt, keep)] if keep else [*noise, prompt], list, out_dir, "ids",
+          vocab_size=VOCAB, depth=6)
+    target = TargetModel(tiny_target())
+    spec = policy if policy in ("chain", "static", "sequoia") else (policy, {"budget": 6})
+    if policy == "sampled-tree":
+        spec = (policy, {"budget": 6, "seed": 0})
+    dec = SpecDecoder(target, make_plugin("drafters", ("suffix", {"datastore": str(out_dir), "max_match": 6}), target),
+                      make_plugin("policies", spec), make_plugin("verifiers", "greedy"))
+    assert dec.generate(prompt, max_new_tokens=10, eos_token_id=None).tokens == continuation(prompt, 10)
