@@ -5,7 +5,7 @@ files (their ``text`` field, else every string of ``turns``) or folders of them,
 
 - ``tokens.npy``: int32, the corpus *reversed*, documents separated by ``-1``;
 - ``sa.npy``: int32 (int64 past 2^31 tokens), the suffix array of ``tokens.npy`` sorted by its
-  first ``depth`` tokens (ties in position order);
+  first ``depth`` tokens (rounded up to a power of two; ties in position order);
 - ``datastore.json``: the tokenizer, vocabulary size, token and document counts, ``depth``.
 
 Size: 8 bytes per corpus token (4 + 4), plus one per document.
@@ -45,8 +45,10 @@ class DatastoreError(ValueError):
 
 # ---------------------------------------------------------------------- building
 def suffix_array(tokens: np.ndarray, depth: int) -> np.ndarray:
-    """Positions of ``tokens`` sorted by their next ``depth`` tokens (a shorter rest sorts first;
-    ties keep position order), by prefix doubling."""
+    """Positions of ``tokens`` sorted by their next ``depth`` tokens rounded up to a power of two
+    (a shorter rest sorts first; ties keep position order), by prefix doubling. Any order that
+    refines the order by ``depth`` tokens serves the lookup: the suffixes sharing a prefix of at
+    most ``depth`` tokens stay one range, sorted by their next token."""
     n = len(tokens)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
