@@ -32,6 +32,10 @@ def register_drafters(register):
 
     register(HybridDrafter)
 
+    from .medusa import MedusaDrafter
+
+    register(MedusaDrafter)
+
 
 @hookimpl
 def register_commands(cli):

@@ -108,12 +108,29 @@ def _eagle_drafter(kind: str) -> Callable[[Any], Any]:
     return build
 
 
+def _medusa_drafter(target: Any) -> Any:
+    """Medusa heads of fixed random weights (seed 0) sized for ``target``."""
+    import torch
+
+    from specframe.decode.engine import make_plugin
+    from specframe.drafters.medusa import MedusaHeads
+
+    cfg = target.model.config.get_text_config()
+    gen = torch.Generator().manual_seed(0)
+    heads = MedusaHeads(int(cfg.hidden_size), int(target.vocab_size), 3)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return make_plugin("drafters", ("medusa", {"heads": heads}), target)
+
+
 #: Factories of built-in drafters that cannot be built from default options, keyed by the
 #: registered class's ``module:qualname`` (only the built-in class itself gets them).
 BUILTIN_DRAFTER_FACTORIES: dict[str, Callable[[Any], Any]] = {
     "specframe.drafters.model:ModelDrafter": _model_drafter,
     "specframe.drafters.eagle:EagleDrafter": _eagle_drafter("eagle"),
     "specframe.drafters.eagle3:Eagle3Drafter": _eagle_drafter("eagle3"),
+    "specframe.drafters.medusa:MedusaDrafter": _medusa_drafter,
 }
 
 #: Conformance class attributes of specframe's own plugins, by (kind, name): the built-in

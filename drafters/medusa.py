@@ -1,0 +1,185 @@
+"""Drafter ``medusa``: Medusa-1 heads (Cai et al., arXiv 2401.10774) on the target's last hidden state.
+
+Head i (0-based) is ``medusa_num_layers`` residual blocks (``x + SiLU(W x + b)``) followed by
+its own ``Linear(hidden, vocab, bias=False)``, applied to the
+target's final hidden state at the last accepted position, and predicts the token ``i + 1``
+places past the next root. So a tree node at depth d gets head d's distribution, whatever its
+ancestors (Medusa's conditional independence: siblings and cousins share a row), and the
+deepest head serves every deeper node. One forward of the K heads per step, at the step's
+first expansion; every later row is an index into it.
+
+Checkpoints in the official layout (FasterDecoding/Medusa): a directory with ``config.json``
+(``medusa_num_heads``, ``medusa_num_layers``) and ``medusa_lm_head.safetensors`` (or, only with
+``allow_pickle = true``, ``medusa_lm_head.pt``), keys ``{i}.{j}.linear.weight`` /
+``{i}.{j}.linear.bias`` for block j of head i and ``{i}.{num_layers}.weight`` for its lm_head.
+Every mismatch names the key, the expected and the found shape.
+
+Replay: ``"approximate"``, as for EAGLE heads: it reads the target's hidden states, which a
+recorded causal forward gives up to the last bits of the live tree forward's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specframe.interfaces import Drafter
+from specframe.options import require
+from specframe.tree import DraftTree
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "medusa_lm_head.safetensors"
+PICKLE_NAME = "medusa_lm_head.pt"
+
+
+class MedusaCheckpointError(ValueError):
+    """A Medusa checkpoint that does not fit its layout or the target; the message says where."""
+
+
+class ResBlock(nn.Module):
+    """Medusa's residual block: ``x + SiLU(linear(x))``."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One residual step."""
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.ModuleList):
+    """K heads, each ``num_layers`` ResBlocks and an lm_head; ``state_dict`` keys are Medusa's."""
+
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1) -> None:
+        super().__init__([nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)],
+                                        nn.Linear(hidden, vocab, bias=False)) for _ in range(num_heads)])
+        self.num_layers = num_layers
+
+    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[K, V]`` log-probabilities of the K heads at one hidden state ``[H]``."""
+        return torch.stack([torch.log_softmax(head(hidden).float(), dim=-1) for head in self])
+
+
+def save_heads(heads: MedusaHeads, directory: str | Path) -> Path:
+    """Write ``heads`` in the official layout (tests and training write checkpoints this way)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(directory / SAFETENSORS_NAME))
+    (directory / CONFIG_NAME).write_text(json.dumps({"medusa_num_heads": len(heads), "medusa_num_layers": heads.num_layers}))
+    return directory
+
+
+def load_heads(path: str | Path, hidden: int, vocab: int, allow_pickle: bool = False) -> MedusaHeads:
+    """The heads of the checkpoint directory ``path``, checked against the target's sizes."""
+    directory = Path(path)
+    config_file = directory / CONFIG_NAME
+    if not config_file.is_file():
+        raise MedusaCheckpointError(f"{directory}: no {CONFIG_NAME} (a Medusa checkpoint directory holds "
+                                    f"{CONFIG_NAME} and {SAFETENSORS_NAME})")
+    raw = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        num_heads, num_layers = int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1))
+    except (KeyError, TypeError, ValueError) as err:
+        raise MedusaCheckpointError(f"{config_file}: needs an integer 'medusa_num_heads' ({err})") from err
+    heads = MedusaHeads(hidden, vocab, num_heads, num_layers)
+    state = _read_state(directory, allow_pickle)
+    expected = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
+    for key, shape in expected.items():
+        if key not in state:
+            raise MedusaCheckpointError(f"{directory}: key {key!r} missing (expected shape {shape})")
+        if tuple(state[key].shape) != shape:
+            raise MedusaCheckpointError(f"{directory}: key {key!r} has shape {tuple(state[key].shape)}, the target "
+                                        f"needs {shape} (hidden {hidden}, vocabulary {vocab})")
+    heads.load_state_dict({k: state[k] for k in expected})
+    return heads
+
+
+def _read_state(directory: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
+    if (directory / SAFETENSORS_NAME).is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(directory / SAFETENSORS_NAME))
+    if (directory / PICKLE_NAME).is_file():
+        if not allow_pickle:
+            raise MedusaCheckpointError(f"{directory / PICKLE_NAME} is a pickle, which can run code when read: pass "
+                                        f"option allow_pickle = true if you trust it, or convert it to {SAFETENSORS_NAME}")
+        return torch.load(directory / PICKLE_NAME, map_location="cpu", weights_only=False)
+    raise MedusaCheckpointError(f"{directory}: neither {SAFETENSORS_NAME} nor {PICKLE_NAME}")
+
+
+@dataclass
+class MedusaDrafterOptions:
+    """Options of the ``medusa`` drafter.
+
+    Attributes:
+        path: a checkpoint directory in Medusa's layout (module docstring).
+        allow_pickle: read a ``medusa_lm_head.pt`` (pickle) checkpoint.
+        heads: a :class:`MedusaHeads` instance instead of ``path`` (tests, training).
+    """
+
+    path: str | None = None
+    allow_pickle: bool = False
+    heads: Any = None
+
+    def __post_init__(self) -> None:
+        require((self.path is None) != (self.heads is None), "path",
+                "give exactly one of path (a Medusa checkpoint directory) or heads (a MedusaHeads module)")
+        require(self.heads is None or isinstance(self.heads, MedusaHeads), "heads",
+                f"must be a MedusaHeads module, got {type(self.heads).__name__}")
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads on the target's last hidden state: depth d's row is head d's (module docstring)."""
+
+    name = "medusa"
+    Options = MedusaDrafterOptions
+    needs_target_hidden = True
+    replay = "approximate"
+
+    def __init__(self, options: MedusaDrafterOptions, target: Any) -> None:
+        super().__init__(options, target)
+        model = getattr(target, "model", target)
+        hidden = int(model.config.get_text_config().hidden_size)
+        heads = options.heads or load_heads(options.path, hidden, self.vocab_size, options.allow_pickle)
+        device = getattr(target, "device", torch.device("cpu"))
+        dtype = next(model.parameters()).dtype
+        self.heads = heads.to(device=device, dtype=dtype).eval()
+        self.state: torch.Tensor = torch.zeros(hidden, dtype=dtype, device=device)
+        self._rows: torch.Tensor | None = None
+
+    def shared_options(self) -> MedusaDrafterOptions:
+        """Batch rows share the loaded heads."""
+        return MedusaDrafterOptions(heads=self.heads)
+
+    def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
+        """The last prefill position's final hidden state (it predicted the first root); a
+        one-token prompt has none, and its first step drafts from zeros."""
+        if target_hidden is not None and target_hidden[-1] is not None and target_hidden[-1].shape[-2] > 0:
+            self.state = target_hidden[-1][0, -1].to(self.state)
+        else:
+            self.state = torch.zeros_like(self.state)
+        self._rows = None
+
+    def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
+               tree: DraftTree | None = None) -> None:
+        """The last accepted node's final hidden state (it predicted the bonus, the next root)."""
+        if target_hidden is not None and path is not None:
+            self.state = target_hidden[-1][0, path[-1]].to(self.state)
+        self._rows = None
+
+    @torch.inference_mode()
+    def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Head ``depth``'s log-probs for each node (the last head past the deepest)."""
+        if self._rows is None:  # one forward of the K heads per step
+            self._rows = self.heads.log_probs(self.state)
+        depth = tree.depths[torch.as_tensor(nodes, device=tree.device).flatten()].clamp(max=len(self.heads) - 1)
+        return self._rows[depth.to(self._rows.device)].to(tree.device)
