@@ -159,3 +159,48 @@ def test_every_policy_with_a_datastore_is_lossless(tmp_path_factory, policy, pro
     dec = SpecDecoder(target, make_plugin("drafters", ("suffix", {"datastore": str(out_dir), "max_match": 6}), target),
                       make_plugin("policies", spec), make_plugin("verifiers", "greedy"))
     assert dec.generate(prompt, max_new_tokens=10, eos_token_id=None).tokens == continuation(prompt, 10)
+
+
+# ---------------------------------------------------------------------- answers tied to the datastore
+DATASTORE_RUN = """
+name = "ds"
+max_new_tokens = 6
+warmup = 0
+stop_at_eos = false
+threads = 1
+{pair}
+[[arm]]
+name = "retrieve"
+drafter = "suffix"
+drafter_options = {{ datastore = "{ds}", global_tree = false }}
+policy = "chain"
+
+[data]
+path = "{prompts}"
+
+[output]
+dir = "{out}"
+"""
+
+
+def test_answers_are_tied_to_the_datastore_s_content(tmp_path, monkeypatch):
+    """A rebuilt datastore with other content makes the arm a changed one (refused, naming the
+    option); the same corpus rebuilt is the same folder and resumes; --fresh starts over."""
+    from specframe.errors import ExperimentError
+    from specframe.experiments.experiment import run_experiment
+    from specframe.testing.fixtures import TINY_PAIR_TOML
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question_id": i, "category": "a", "turns": [f"ab {i}"]}) + "\n"
+                                              for i in range(2)))
+    config = tmp_path / "ds.toml"
+    config.write_text(DATASTORE_RUN.format(pair=TINY_PAIR_TOML, ds="./store", prompts=tmp_path / "q.jsonl",
+                                           out=tmp_path / "run"))
+    build([[1, 2, 3, 4]], list, tmp_path / "store", "ids", vocab_size=64)
+    assert run_experiment(config, progress=False).computed == 2
+    build([[1, 2, 3, 4]], list, tmp_path / "store", "ids", vocab_size=64)  # same corpus: same folder
+    assert run_experiment(config, progress=False).computed == 0
+    build([[5, 6, 7]], list, tmp_path / "store", "ids", vocab_size=64)
+    with pytest.raises(ExperimentError, match=r"arm 'retrieve': the files its option drafter.datastore names changed"):
+        run_experiment(config, progress=False)
+    assert run_experiment(config, progress=False, fresh=True).computed == 2

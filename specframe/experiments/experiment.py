@@ -385,6 +385,16 @@ class Experiment:
             self._encoder = PromptEncoder(load_tokenizer(self.config), self.config.data.chat_template)
         return self._encoder
 
+    @staticmethod
+    def _arm_definition(arm: ArmConfig) -> dict:
+        """The arm as run.json keeps it: its definition, and the digests of the local files its
+        options name (a rebuilt datastore or retrained head makes the arm a changed one)."""
+        from specframe.experiments.runs.artifacts import arm_artifacts
+
+        found = arm_artifacts({scope: ref.options for scope, ref in
+                               (("policy", arm.policy), ("drafter", arm.drafter), ("verifier", arm.verifier)) if ref})
+        return {**arm.describe(), **({"artifacts": found} if found else {})}
+
     def _inputs(self, questions: list[Question]) -> dict[str, str]:
         """Question id (as JSON) -> digest of its text and its tokenized first prompt."""
         enc = self.encoder()
@@ -397,7 +407,7 @@ class Experiment:
         questions = load_questions(cfg.data.path, cfg.data.category, cfg.data.limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run_file = RunFile(self.out_dir)
-        run_file.check(cfg.name, self.fingerprint(), {a.name: a.describe() for a in cfg.arms},
+        run_file.check(cfg.name, self.fingerprint(), {a.name: self._arm_definition(a) for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
                        target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__)
         references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}

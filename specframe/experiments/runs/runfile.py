@@ -82,6 +82,11 @@ class RunFile:
         """A changed arm, or a new arm whose file name clashes with an old one's, is refused."""
         for arm, desc in old.items():
             if arm in new and new[arm] != desc:
+                files = _changed_files(desc.get("artifacts", {}), new[arm].get("artifacts", {}))
+                if files and {k: v for k, v in desc.items() if k != "artifacts"} == \
+                        {k: v for k, v in new[arm].items() if k != "artifacts"}:
+                    raise ExperimentError(f"arm {arm!r}: the files its option {files} names changed since its answers "
+                                          f"in {self.out_dir} were written; {WAY_OUT}")
                 raise ExperimentError(f"arm {arm!r} changed since its answers in {self.out_dir} were written; "
                                       f"rename it, or {WAY_OUT}")
         files = {slugify(a).casefold(): a for a in old}
@@ -127,6 +132,11 @@ class RunFile:
     def overflow_skipped_ids(self) -> set[str]:
         """Question ids (as JSON) an earlier run of this directory skipped as too long."""
         return {json.dumps(s["question_id"]) for s in self.read().get("overflow_skipped", [])}
+
+
+def _changed_files(old: dict[str, str], new: dict[str, str]) -> str:
+    """The options (``drafter.datastore``) whose files' digests differ, comma-separated."""
+    return ", ".join(sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)))
 
 
 def _ids(keys: Iterable[str], shown: int = 5) -> str:

@@ -1,0 +1,71 @@
+"""What the local files an arm's options name hold, so that answers are tied to them.
+
+An option such as the ``suffix`` drafter's ``datastore = "DIR"`` or a head's ``path`` names
+files whose content decides the answers; the option's text alone would let a rebuilt datastore
+or a retrained head reuse answers of the old one. :func:`arm_artifacts` maps every option value
+that names an existing file or folder to a digest of its content; run.json keeps it in the
+arm's definition, so a changed file makes the arm "changed" (refused unless ``--fresh``).
+
+Digest: SHA-1 over the folder's files in name order (relative name, size and content). A file
+over :data:`WHOLE_BYTES` is read at its first and last MiB only, with its size: weights do not
+change in the middle alone, and hashing a multi-GB checkpoint on every run would cost more
+than the run. Shipped and registry model names are no local paths here and are not hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Iterator
+
+#: Files up to this size are hashed whole.
+WHOLE_BYTES = 64 << 20
+EDGE = 1 << 20
+
+
+def file_digest(path: Path, into: Any) -> None:
+    """Feed ``path``'s size and content (or its first and last MiB when large) to ``into``."""
+    size = path.stat().st_size
+    into.update(str(size).encode())
+    with path.open("rb") as fh:
+        if size <= WHOLE_BYTES:
+            for block in iter(lambda: fh.read(EDGE), b""):
+                into.update(block)
+        else:
+            into.update(fh.read(EDGE))
+            fh.seek(size - EDGE)
+            into.update(fh.read(EDGE))
+
+
+def digest(path: str | Path) -> str:
+    """The content digest of a file or folder (16 hex digits)."""
+    path = Path(path)
+    h = hashlib.sha1()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        h.update(str(f.relative_to(path) if f != path else f.name).encode())
+        file_digest(f, h)
+    return h.hexdigest()[:16]
+
+
+def _strings(value: Any, at: str) -> Iterator[tuple[str, str]]:
+    """``(where, text)`` of every string inside an option value (lists and tables included)."""
+    if isinstance(value, str):
+        yield at, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{at}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{at}[{i}]")
+
+
+def arm_artifacts(options: dict[str, dict]) -> dict[str, str]:
+    """``{"drafter.datastore": digest, ...}`` for the option values (by scope: ``{"drafter":
+    {...}, ...}``) that name an existing local file or folder."""
+    out = {}
+    for scope, values in options.items():
+        for where, text in _strings(values or {}, scope):
+            if text and ("/" in text or text.startswith(".")) and Path(text).exists():
+                out[where] = digest(text)
+    return out
