@@ -180,9 +180,7 @@ class Datastore:
             if lo >= hi:
                 break
             ranges.append((lo, hi))
-        for m in range(len(ranges), min_match - 1, -1):
-            if m == 0:
-                break
+        for m in range(len(ranges), max(min_match, 1) - 1, -1):
             counts = self._continuations(*ranges[m - 1])
             if counts:
                 return m, counts

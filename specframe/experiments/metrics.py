@@ -112,18 +112,22 @@ def speedup(records: list[dict], base: list[dict]) -> dict:
     }
 
 
+def paired_outputs(records: list[dict], base: list[dict]) -> list[tuple[list, list]]:
+    """``(output_ids, the baseline's output_ids)`` of every answer both have."""
+    ref = {answer_key(r): r["output_ids"] for r in base if "output_ids" in r}
+    return [(r["output_ids"], ref[answer_key(r)]) for r in records if "output_ids" in r and answer_key(r) in ref]
+
+
 def mismatches(records: list[dict], base: list[dict]) -> dict:
     """How many answers' tokens differ from the baseline's (common answers only)."""
-    ref = {answer_key(r): r["output_ids"] for r in base if "output_ids" in r}
-    pairs = [(r["output_ids"], ref[answer_key(r)]) for r in records if "output_ids" in r and answer_key(r) in ref]
+    pairs = paired_outputs(records, base)
     return {"mismatches": sum(a != b for a, b in pairs), "compared": len(pairs)}
 
 
 def identical(records: list[dict], base: list[dict]) -> dict:
     """For an arm allowed to differ (a lossy verifier): the share of answers identical to the
     baseline's, and the mean token position where the others first leave it."""
-    ref = {answer_key(r): r["output_ids"] for r in base if "output_ids" in r}
-    pairs = [(r["output_ids"], ref[answer_key(r)]) for r in records if "output_ids" in r and answer_key(r) in ref]
+    pairs = paired_outputs(records, base)
     firsts = [_first_divergence(a, b) for a, b in pairs if a != b]
     return {"identical": (len(pairs) - len(firsts)) / len(pairs) if pairs else None, "compared": len(pairs),
             "first_divergence": float(np.mean(firsts)) if firsts else None}

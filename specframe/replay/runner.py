@@ -195,12 +195,10 @@ class ReplayRunner:
         kv = self._kv
         at = [kv.joined_at[tuple(t.prompt)] for t in turns]
         replayed = [0.0] * len(res.step_times)
-        for start_step, out in zip(at, outs):
-            for k, step in enumerate(out.steps, start_step):
-                replayed[k] = step.target_time + step.verify_time  # one batch-wide value per step
         projected = [self.model.batch_step_seconds(rows, ctx) for rows, ctx in kv.shapes]
         for start_step, out in zip(at, outs):
             for k, step in enumerate(out.steps, start_step):
+                replayed[k] = step.target_time + step.verify_time  # one batch-wide value per step
                 step.target_time, step.verify_time = projected[k]
         steps = [t - r + sum(p) for t, r, p in zip(res.step_times, replayed, projected)]
         prefills = [self.model.prefill_seconds(len(p), t.prefill_seconds) for p, t in zip(prompts, turns)]

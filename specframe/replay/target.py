@@ -14,7 +14,6 @@ The live engine is untouched: the same ``SpecDecoder`` runs with this target and
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,8 +141,6 @@ class ReplayKV:
         self._rows: list[tuple[torch.Tensor, dict[int, torch.Tensor]]] = []
         #: Per step: (rows the live forward computes, the longest context): what the projection prices.
         self.shapes: list[tuple[int, int]] = []
-        #: Per step: seconds this replayed forward took (the projection replaces them).
-        self.forward_seconds: list[float] = []
         #: Recorded turn (its prompt) -> the step before which it joined.
         self.joined_at: dict[tuple[int, ...], int] = {}
 
@@ -179,7 +176,6 @@ class ReplayKV:
 
     def tree_forward(self, trees: list[DraftTree], hidden: bool = False) -> ReplayOutput:
         """Every row's recorded next ids at its tree's positions (and hidden states if asked)."""
-        start = time.perf_counter()
         ids, states = [], []
         for tree, length, (sequence, stored) in zip(trees, self.lengths, self._rows):
             positions = tree.positions(length + 1).to(self.target.device)
@@ -188,7 +184,6 @@ class ReplayKV:
         sizes = [len(tree) for tree in trees]
         self.last_rows = sum(sizes) if self.layout == "flat" else len(sizes) * max(sizes)
         self.shapes.append((self.last_rows, max(length + 1 for length in self.lengths)))
-        self.forward_seconds.append(time.perf_counter() - start)
         return ReplayOutput(ids, states)
 
     def rows_of(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -216,19 +211,15 @@ class ReplayVerifier(Verifier):
     name = "greedy"
     lossless = True
     sampling = False
-    #: Seconds spent verifying (a live step's verification is priced by the projection instead).
-    seconds = 0.0
 
     def verify(self, tree: DraftTree, target_logits: torch.Tensor,
                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``target_logits`` is ``[n]`` next-token ids here, not scores."""
-        start = time.perf_counter()
         nxt = target_logits.to(tree.device)
         match = tree.tokens == nxt[tree.parents.clamp(min=0)]
         match[0] = True
         accepted = (tree.ancestor_mask() & ~match[None, :]).sum(dim=1) == 0
         depth = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
         last = depth.argmax()
-        self.seconds += time.perf_counter() - start
         # Past the recording the id is -1: any valid token will do, the engine cuts it off.
         return last, nxt[last].clamp(min=0)
