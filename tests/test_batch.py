@@ -17,7 +17,7 @@ from specframe.decode.allocate import BatchAllocator, allocator_classes, make_al
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.plugins import get_registry
 from specframe.models.target import TargetModel
-from specframe.testing.fixtures import VOCAB, default_drafter, tiny_target
+from specframe.testing.fixtures import VOCAB, default_drafter, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.host_reads import HostReadCounter, _counted
 from specframe.testing.profiles import profile_examples
@@ -31,10 +31,7 @@ DRAFTERS = get_registry().names("drafters")
 def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
     """A fresh decoder on the tiny float64 target (own drafter state)."""
     target = TargetModel(tiny_target())
-    spec = (policy, {"budget": 6}) if policy not in ("chain", "static", "sequoia") else policy
-    if policy == "sampled-tree":  # its own seeded stream, so a solo and a batched row draw alike
-        spec = (policy, {"budget": 6, "seed": 0})
-    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", spec),
+    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", fixed_policy_spec(policy)),
                        make_plugin("verifiers", "greedy"))
 
 

@@ -18,7 +18,7 @@ from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import BudgetOptions
 from specframe.plugins import get_registry
 from specframe.models.target import TargetModel
-from specframe.testing.fixtures import default_drafter, tiny_target
+from specframe.testing.fixtures import default_drafter, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.tree import DraftTree
 
@@ -28,17 +28,10 @@ POLICIES = get_registry().names("policies")
 BATCHING = ["model", "eagle", "eagle3"]
 
 
-def policy_spec(policy: str) -> Any:
-    """The policy as tests/test_batch.py builds it (budget 6; sampled-tree seeded)."""
-    if policy in ("chain", "static", "sequoia"):
-        return policy
-    return (policy, {"budget": 6, "seed": 0}) if policy == "sampled-tree" else (policy, {"budget": 6})
-
-
 def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
     """A fresh decoder on the tiny float64 target."""
     target = TargetModel(tiny_target())
-    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", policy_spec(policy)),
+    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", fixed_policy_spec(policy)),
                        make_plugin("verifiers", "greedy"))
 
 

@@ -11,7 +11,7 @@ from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.models.target import TargetModel
 from specframe.options import OptionError
 from specframe.plugins import get_registry
-from specframe.testing.fixtures import VOCAB, default_drafter, tiny_target
+from specframe.testing.fixtures import VOCAB, default_drafter, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
 
@@ -20,12 +20,6 @@ from specframe.drafters.hybrid import HybridDrafter
 POLICIES = get_registry().names("policies")
 EXAMPLES = max(2, profile_examples() // 3)
 MAX_NEW = 12
-
-
-def policy_spec(name: str) -> object:
-    if name in ("chain", "static", "sequoia"):
-        return name
-    return (name, {"budget": 6, "seed": 0}) if name == "sampled-tree" else (name, {"budget": 6})
 
 
 def cascade(threshold: float, model_part: str = "eagle3") -> tuple[SpecDecoder, HybridDrafter]:
@@ -37,7 +31,7 @@ def cascade(threshold: float, model_part: str = "eagle3") -> tuple[SpecDecoder, 
 
 
 def decoder(hybrid: HybridDrafter, target: TargetModel, policy: str) -> SpecDecoder:
-    return SpecDecoder(target, hybrid, make_plugin("policies", policy_spec(policy)), make_plugin("verifiers", "greedy"))
+    return SpecDecoder(target, hybrid, make_plugin("policies", fixed_policy_spec(policy)), make_plugin("verifiers", "greedy"))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -56,7 +50,7 @@ def test_threshold_zero_is_the_first_part_alone():
     prompt = [4, 9, 12, 30, 2, 17, 9, 12, 30, 2]
     target, hybrid = cascade(0.0)
     mixed = decoder(hybrid, target, "talon").generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
-    alone = SpecDecoder(target, make_plugin("drafters", "ngram", target), make_plugin("policies", policy_spec("talon")),
+    alone = SpecDecoder(target, make_plugin("drafters", "ngram", target), make_plugin("policies", fixed_policy_spec("talon")),
                         make_plugin("verifiers", "greedy")).generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
     assert [(s.tree_size, s.widths, s.accepted_ranks) for s in mixed.steps] == \
         [(s.tree_size, s.widths, s.accepted_ranks) for s in alone.steps]

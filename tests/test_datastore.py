@@ -17,7 +17,7 @@ from specframe.drafters.datastore import (MAX_OCCURRENCES, SEPARATOR, Datastore,
                                           suffix_array)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
-from specframe.testing.fixtures import VOCAB, tiny_target
+from specframe.testing.fixtures import VOCAB, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
 
@@ -153,9 +153,7 @@ def test_every_policy_with_a_datastore_is_lossless(tmp_path_factory, policy, pro
     build([*noise, prompt + continuation(prompt, keep)] if keep else [*noise, prompt], list, out_dir, "ids",
           vocab_size=VOCAB, depth=6)
     target = TargetModel(tiny_target())
-    spec = policy if policy in ("chain", "static", "sequoia") else (policy, {"budget": 6})
-    if policy == "sampled-tree":
-        spec = (policy, {"budget": 6, "seed": 0})
+    spec = fixed_policy_spec(policy)
     dec = SpecDecoder(target, make_plugin("drafters", ("suffix", {"datastore": str(out_dir), "max_match": 6}), target),
                       make_plugin("policies", spec), make_plugin("verifiers", "greedy"))
     assert dec.generate(prompt, max_new_tokens=10, eos_token_id=None).tokens == continuation(prompt, 10)

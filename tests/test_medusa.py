@@ -13,7 +13,7 @@ from specframe.drafters.medusa import (PICKLE_NAME, SAFETENSORS_NAME, MedusaChec
                                        save_heads)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
-from specframe.testing.fixtures import VOCAB, tiny_target
+from specframe.testing.fixtures import VOCAB, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
 from specframe.tree import DraftTree
@@ -75,9 +75,7 @@ def test_a_node_gets_the_head_of_its_depth():
 @given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), seed=st.integers(0, 3))
 def test_medusa_is_lossless_under_every_policy(policy, prompt, seed):
     target = TargetModel(tiny_target())
-    spec = policy if policy in ("chain", "static", "sequoia") else (policy, {"budget": 6})
-    if policy == "sampled-tree":
-        spec = (policy, {"budget": 6, "seed": 0})
+    spec = fixed_policy_spec(policy)
     dec = SpecDecoder(target, make_plugin("drafters", ("medusa", {"heads": heads(seed=seed)}), target),
                       make_plugin("policies", spec), make_plugin("verifiers", "greedy"))
     out = dec.generate(prompt, max_new_tokens=10, eos_token_id=None)

@@ -147,6 +147,15 @@ BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+def fixed_policy_spec(name: str) -> Any:
+    """A built-in policy at a fixed size, as the engine tests decode it: budget 6 (the fixed-shape
+    ``chain``, ``static`` and ``sequoia`` at their defaults), ``sampled-tree`` seeded so that a
+    solo and a batched row draw alike."""
+    if name in ("chain", "static", "sequoia"):
+        return name
+    return (name, {"budget": 6, "seed": 0}) if name == "sampled-tree" else (name, {"budget": 6})
+
+
 def class_key(cls: type) -> str:
     """``module:qualname`` of a plugin class (how the tables above name classes)."""
     return f"{cls.__module__}:{cls.__qualname__}"
