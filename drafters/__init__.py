@@ -39,9 +39,11 @@ def register_drafters(register):
 
 @hookimpl
 def register_commands(cli):
-    """Add the ``train-eagle`` command (EAGLE head trainer) and ``datastore`` (REST datastores)."""
+    """Add ``train-eagle`` and ``train-medusa`` (head trainers) and ``datastore`` (REST datastores)."""
     from .datastore import datastore_command
     from .eagle_train import train_eagle_command
+    from .medusa_train import train_medusa_command
 
     cli.add_command(train_eagle_command)
+    cli.add_command(train_medusa_command)
     cli.add_command(datastore_command())

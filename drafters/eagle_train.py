@@ -340,11 +340,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     return summary
 
 
-def _progress(cfg: TrainConfig, enabled: bool) -> Any:
+def _progress(cfg: Any, enabled: bool, command: str = "train-eagle") -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     unit = "steps" if cfg.steps else "s"
-    return Progress(TextColumn(f"[bold]train-eagle {cfg.kind}[/]"), BarColumn(),
+    return Progress(TextColumn(f"[bold]{command} {cfg.kind}[/]"), BarColumn(),
                     TextColumn("{task.completed:.0f}/{task.total:.0f} " + unit), TextColumn("{task.description}"),
                     TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled)
 

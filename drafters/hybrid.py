@@ -25,7 +25,8 @@ change only in ``commit``, so all rows of one step come from one rule.
 retrieve first, draft with a model only where retrieval fails ("Draft Less, Retrieve More",
 arXiv 2605.20104). At a step's first call (the root) the parts are asked in order, and a
 later part joins only while every earlier part's best root candidate is below ``threshold``
-(a probability); the step's rows are then the ``"max"`` merge of the parts asked (one part: its
+(a probability; ``"auto"``: where asking it has paid on this machine, learned by
+:class:`~specframe.drafters.cascade_gate.CascadeGate` from measured step throughput); the step's rows are then the ``"max"`` merge of the parts asked (one part: its
 own rows). The choice holds for the whole step, so a model part drafts a whole tree or sits
 the step out: an EAGLE head can only expand nodes whose ancestors it expanded, and it still
 receives every committed token's target feature in ``commit`` (it forwards the backlog at its
@@ -59,6 +60,7 @@ from specframe.options import OptionError, build_options, require
 from specframe.plugins import get_registry
 from specframe.tree import DraftTree
 
+from .cascade_gate import CascadeGate
 from .recycle import canonical_rows
 
 #: How faithfully replaying a recorded greedy trace reproduces a drafter, weakest last.
@@ -78,6 +80,8 @@ def _split(entry: Any) -> tuple[str, dict]:
 SCORES = ("calibrated", "max")
 #: How the parts are asked: all of them at every node, or in order until one is confident.
 MODES = ("merge", "cascade")
+#: The cascade threshold that learns where a later part pays (:mod:`.cascade_gate`).
+AUTO = "auto"
 
 
 @dataclass
@@ -98,7 +102,10 @@ class HybridDrafterOptions:
             listed, cheapest first: a step asks the next part only while the earlier ones'
             best root candidate is below ``threshold``; the module docstring).
         threshold: with ``"cascade"``: the probability in [0, 1] a part's best candidate at
-            the root must reach for the later parts to sit the step out.
+            the root must reach for the later parts to sit the step out, or ``"auto"``: a
+            later part is asked where steps that asked it have emitted more tokens per
+            second than steps that did not, per bin of the earlier parts' confidence
+            (:mod:`specframe.drafters.cascade_gate`).
     """
 
     drafters: list = field(default_factory=lambda: ["ngram", "recycle"])
@@ -106,7 +113,7 @@ class HybridDrafterOptions:
     calibration_prior: float = 1.0
     calibration_decay: float = 0.95
     mode: str = "merge"
-    threshold: float = 0.5
+    threshold: float | str = 0.5
 
     def __post_init__(self) -> None:
         require(isinstance(self.drafters, (list, tuple)) and len(self.drafters) >= 1, "drafters",
@@ -119,8 +126,9 @@ class HybridDrafterOptions:
         require(0.0 < self.calibration_decay <= 1.0, "calibration_decay",
                 f"must be in (0, 1], got {self.calibration_decay!r}")
         require(self.mode in MODES, "mode", f"must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
-        require(isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0, "threshold",
-                f"must be a probability in [0, 1], got {self.threshold!r}")
+        require(self.threshold == AUTO or (isinstance(self.threshold, (int, float)) and not isinstance(self.threshold, bool)
+                                           and 0.0 <= self.threshold <= 1.0), "threshold",
+                f"must be a probability in [0, 1] or {AUTO!r}, got {self.threshold!r}")
         require(self.mode == "merge" or self.score == "max", "score",
                 f"'calibrated' merges every part at every node; mode = 'cascade' takes score = 'max', got {self.score!r}")
 
@@ -249,6 +257,11 @@ class HybridDrafter(Drafter):
         self.learns_from_verdicts = self.calibrated or any(
             getattr(p, "learns_from_verdicts", False) for p in self.parts)
         self.cascade = options.mode == "cascade" and len(self.parts) > 1
+        # The auto gate learns from wall-clock step rates and keeps them across requests.
+        self.gate = CascadeGate(len(self.parts) - 1) if self.cascade and options.threshold == AUTO else None
+        if self.gate is not None:
+            self.persistent_state = True
+            self.replay = max(self.replay, "approximate", key=_replay_rank)
         self._active: list[Drafter] | None = None  # this step's parts (cascade), chosen at its first call
         #: Steps each part was asked in (cascade: what the threshold saved).
         self.steps_asked = [0] * len(self.parts)
@@ -276,6 +289,8 @@ class HybridDrafter(Drafter):
             part.begin(prompt_ids, **self._inputs(part, target_hidden, logits))
         self.calibration.reset()
         self._active = None
+        if self.gate is not None:
+            self.gate.start()
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None, target_logits: torch.Tensor | None = None) -> None:
@@ -285,6 +300,8 @@ class HybridDrafter(Drafter):
             part.commit(tokens, path, tree=tree, **self._inputs(part, target_hidden, target_logits))
         if self.calibrated and tree is not None:
             self.calibration.learn(tree, path)
+        if self.gate is not None:
+            self.gate.settle(len(tokens))
         self._active = None
 
     @staticmethod
@@ -307,15 +324,23 @@ class HybridDrafter(Drafter):
             return self.parts
         if self._active is None:
             self._active = list(self.parts)
+            best = 0.0
             for j, part in enumerate(self.parts[:-1]):
                 values = part.expand_top(tree, nodes, 1)[0]
                 # One host read a step: whether to run the costlier parts is a host decision.
-                if math.exp(float(values.max())) >= self.options.threshold:
+                best = max(best, math.exp(float(values.max())))
+                if not self._asks_next(j + 1, best):
                     self._active = self.parts[: j + 1]
                     break
             for j in range(len(self._active)):
                 self.steps_asked[j] += 1
         return self._active
+
+    def _asks_next(self, part: int, best: float) -> bool:
+        """Whether the cascade asks ``part`` when the earlier parts' best root probability is ``best``."""
+        if self.gate is not None:
+            return self.gate.ask(part, best)
+        return best < self.options.threshold
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Dense merged rows: the elementwise max of the parts' rows, each shifted by its

@@ -1,7 +1,8 @@
 """Drafter ``medusa``: Medusa-1 heads (Cai et al., arXiv 2401.10774) on the target's last hidden state.
 
 Head i (0-based) is ``medusa_num_layers`` residual blocks (``x + SiLU(W x + b)``) followed by
-its own ``Linear(hidden, vocab, bias=False)``, applied to the
+its own ``Linear(hidden, vocab, bias=False)`` (or, in a checkpoint whose config says
+``"shared_lm_head": true``, the target's own output layer), applied to the
 target's final hidden state at the last accepted position, and predicts the token ``i + 1``
 places past the next root. So a tree node at depth d gets head d's distribution, whatever its
 ancestors (Medusa's conditional independence: siblings and cousins share a row), and the
@@ -13,6 +14,11 @@ Checkpoints in the official layout (FasterDecoding/Medusa): a directory with ``c
 ``allow_pickle = true``, ``medusa_lm_head.pt``), keys ``{i}.{j}.linear.weight`` /
 ``{i}.{j}.linear.bias`` for block j of head i and ``{i}.{num_layers}.weight`` for its lm_head.
 Every mismatch names the key, the expected and the found shape.
+
+``"shared_lm_head": true`` is this project's extension of the layout: Medusa initialises every
+head's lm_head from the target's, and a head that keeps it needs only its residual blocks, so
+the checkpoint holds ``{i}.{j}.linear.*`` alone (for SmolLM2-135M: 1 MB a head instead of 57 MB)
+and the K heads share one output-layer matmul per step.
 
 Replay: ``"approximate"``, as for EAGLE heads: it reads the target's hidden states, which a
 recorded causal forward gives up to the last bits of the live tree forward's.
@@ -55,16 +61,32 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.ModuleList):
-    """K heads, each ``num_layers`` ResBlocks and an lm_head; ``state_dict`` keys are Medusa's."""
+    """K heads, each ``num_layers`` ResBlocks and an lm_head; ``state_dict`` keys are Medusa's.
 
-    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1) -> None:
-        super().__init__([nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)],
-                                        nn.Linear(hidden, vocab, bias=False)) for _ in range(num_heads)])
-        self.num_layers = num_layers
+    With ``shared_lm_head`` a head is its ResBlocks only and :meth:`logits` takes the target's
+    output layer (which is not part of the heads' state)."""
 
-    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1,
+                 shared_lm_head: bool = False) -> None:
+        def head() -> nn.Sequential:
+            own = [] if shared_lm_head else [nn.Linear(hidden, vocab, bias=False)]
+            return nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], *own)
+
+        super().__init__([head() for _ in range(num_heads)])
+        self.num_layers, self.shared_lm_head = num_layers, shared_lm_head
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """``[K, ..., V]`` logits of the K heads at hidden states ``[..., H]`` (``lm_head``: the
+        target's output layer, needed and used only when the heads share it: one matmul for all K)."""
+        if not self.shared_lm_head:
+            return torch.stack([head(hidden) for head in self])
+        if lm_head is None:
+            raise ValueError("these Medusa heads share the target's lm_head: pass it")
+        return lm_head(torch.stack([head(hidden) for head in self]))
+
+    def log_probs(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """``[K, V]`` log-probabilities of the K heads at one hidden state ``[H]``."""
-        return torch.stack([torch.log_softmax(head(hidden).float(), dim=-1) for head in self])
+        return torch.log_softmax(self.logits(hidden, lm_head).float(), dim=-1)
 
 
 def save_heads(heads: MedusaHeads, directory: str | Path) -> Path:
@@ -74,13 +96,19 @@ def save_heads(heads: MedusaHeads, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(directory / SAFETENSORS_NAME))
-    (directory / CONFIG_NAME).write_text(json.dumps({"medusa_num_heads": len(heads), "medusa_num_layers": heads.num_layers}))
+    config = {"medusa_num_heads": len(heads), "medusa_num_layers": heads.num_layers}
+    if heads.shared_lm_head:
+        config["shared_lm_head"] = True
+    (directory / CONFIG_NAME).write_text(json.dumps(config))
     return directory
 
 
 def load_heads(path: str | Path, hidden: int, vocab: int, allow_pickle: bool = False) -> MedusaHeads:
-    """The heads of the checkpoint directory ``path``, checked against the target's sizes."""
-    directory = Path(path)
+    """The heads of the checkpoint directory ``path`` (or a shipped name such as
+    ``smollm2-135m-instruct-medusa``), checked against the target's sizes."""
+    from specframe.models.assets import SHIPPED_MODELS
+
+    directory = SHIPPED_MODELS.get(str(path), Path(path))
     config_file = directory / CONFIG_NAME
     if not config_file.is_file():
         raise MedusaCheckpointError(f"{directory}: no {CONFIG_NAME} (a Medusa checkpoint directory holds "
@@ -90,7 +118,7 @@ def load_heads(path: str | Path, hidden: int, vocab: int, allow_pickle: bool = F
         num_heads, num_layers = int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1))
     except (KeyError, TypeError, ValueError) as err:
         raise MedusaCheckpointError(f"{config_file}: needs an integer 'medusa_num_heads' ({err})") from err
-    heads = MedusaHeads(hidden, vocab, num_heads, num_layers)
+    heads = MedusaHeads(hidden, vocab, num_heads, num_layers, shared_lm_head=bool(raw.get("shared_lm_head", False)))
     state = _read_state(directory, allow_pickle)
     expected = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
     for key, shape in expected.items():
@@ -121,7 +149,8 @@ class MedusaDrafterOptions:
     """Options of the ``medusa`` drafter.
 
     Attributes:
-        path: a checkpoint directory in Medusa's layout (module docstring).
+        path: a checkpoint directory in Medusa's layout (module docstring), or the shipped
+            ``smollm2-135m-instruct-medusa``.
         allow_pickle: read a ``medusa_lm_head.pt`` (pickle) checkpoint.
         heads: a :class:`MedusaHeads` instance instead of ``path`` (tests, training).
     """
@@ -153,6 +182,8 @@ class MedusaDrafter(Drafter):
         device = getattr(target, "device", torch.device("cpu"))
         dtype = next(model.parameters()).dtype
         self.heads = heads.to(device=device, dtype=dtype).eval()
+        # Shared heads project through the target's own output layer (packed or not).
+        self.lm_head = model.get_output_embeddings() if self.heads.shared_lm_head else None
         self.state: torch.Tensor = torch.zeros(hidden, dtype=dtype, device=device)
         self._rows: torch.Tensor | None = None
 
@@ -180,6 +211,6 @@ class MedusaDrafter(Drafter):
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Head ``depth``'s log-probs for each node (the last head past the deepest)."""
         if self._rows is None:  # one forward of the K heads per step
-            self._rows = self.heads.log_probs(self.state)
+            self._rows = self.heads.log_probs(self.state, self.lm_head)
         depth = tree.depths[torch.as_tensor(nodes, device=tree.device).flatten()].clamp(max=len(self.heads) - 1)
         return self._rows[depth.to(self._rows.device)].to(tree.device)

@@ -11,6 +11,7 @@ from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.models.target import TargetModel
 from specframe.options import OptionError
 from specframe.plugins import get_registry
+from specframe.testing.conformance import DrafterConformance
 from specframe.testing.fixtures import VOCAB, default_drafter, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
@@ -22,7 +23,7 @@ EXAMPLES = max(2, profile_examples() // 3)
 MAX_NEW = 12
 
 
-def cascade(threshold: float, model_part: str = "eagle3") -> tuple[SpecDecoder, HybridDrafter]:
+def cascade(threshold: float | str, model_part: str = "eagle3") -> tuple[SpecDecoder, HybridDrafter]:
     """ngram first, then a model part (the tiny EAGLE-3 head or draft model), as a cascade."""
     target = TargetModel(tiny_target())
     parts = [make_plugin("drafters", "ngram", target), default_drafter(model_part, target)]
@@ -36,7 +37,7 @@ def decoder(hybrid: HybridDrafter, target: TargetModel, policy: str) -> SpecDeco
 
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), threshold=st.sampled_from([0.3, 0.7, 0.95]),
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), threshold=st.sampled_from([0.3, 0.7, 0.95, "auto"]),
        model_part=st.sampled_from(["eagle3", "model"]))
 def test_a_cascade_is_lossless_under_every_policy(policy, prompt, threshold, model_part):
     target, hybrid = cascade(threshold, model_part)
@@ -90,8 +91,84 @@ def test_a_skipping_head_drafts_as_one_that_never_skipped():
 
 
 @pytest.mark.parametrize("values, option", [({"mode": "both"}, "mode"), ({"mode": "cascade", "threshold": 1.5}, "threshold"),
+                                            ({"mode": "cascade", "threshold": "fast"}, "threshold"),
                                             ({"mode": "cascade", "score": "calibrated"}, "score")])
 def test_bad_cascade_options_name_the_option(values, option):
     target = TargetModel(tiny_target())
     with pytest.raises(OptionError, match=f"'{option}'"):
         make_plugin("drafters", ("hybrid", values), target)
+
+
+class FakeClock:
+    """perf_counter for the gate: each step lasts what the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_gate(gate, clock, steps: int, probability: float, outcome) -> list[bool]:
+    """``steps`` decisions at ``probability``; ``outcome(asked)`` gives (tokens, seconds)."""
+    choices = []
+    for _ in range(steps):
+        asked = gate.ask(1, probability)
+        tokens, seconds = outcome(asked)
+        clock.now += seconds
+        gate.settle(tokens)
+        choices.append(asked)
+    return choices
+
+
+def test_the_auto_gate_asks_where_asking_pays_and_explores(monkeypatch):
+    from specframe.drafters import cascade_gate
+    from specframe.drafters.cascade_gate import EXPLORE, WARM, CascadeGate
+
+    clock = FakeClock()
+    monkeypatch.setattr(cascade_gate.time, "perf_counter", clock)
+    gate = CascadeGate(1)
+    gate.start()
+    # Unsure copy (bin of 0.1): the head doubles the tokens for 1.5x the time -> ask.
+    pays = run_gate(gate, clock, 40, 0.1, lambda asked: (4, 0.03) if asked else (2, 0.02))
+    # Sure copy (bin of 0.99): the head adds nothing and costs time -> skip.
+    wastes = run_gate(gate, clock, 40, 0.99, lambda asked: (3, 0.03) if asked else (3, 0.02))
+    for choices, wanted in ((pays, True), (wastes, False)):
+        warm, rest = choices[: 2 * WARM], choices[2 * WARM:]
+        assert warm.count(True) == warm.count(False) == WARM
+        against = [i for i, c in enumerate(rest) if c != wanted]
+        assert against == [i for i in range(len(rest)) if (i + 1) % EXPLORE == 0]
+
+
+def test_an_auto_cascade_keeps_its_gate_across_requests_and_replays_approximately():
+    target, hybrid = cascade("auto")
+    assert hybrid.persistent_state and hybrid.replay == "approximate"
+    dec = decoder(hybrid, target, "talon")
+    prompt = [4, 9, 12, 30, 2, 17, 9, 12, 30, 2]
+    for _ in range(2):
+        out = dec.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=None)
+        assert out.tokens == greedy_by_recomputation(tiny_target(), prompt, MAX_NEW, None)
+    assert sum(sum(t) for t in hybrid.gate.tries) == sum(hybrid.steps_asked[:1]) > len(out.steps)
+    fixed = cascade(0.5)[1]
+    assert not fixed.persistent_state and fixed.gate is None
+
+
+class TestCascadeConformance(DrafterConformance):
+    """The cascade of the n-gram lookup and the tiny EAGLE-3 head at a fixed threshold."""
+
+    plugin = "hybrid"
+
+    def make_drafter(self, target: TargetModel):
+        parts = [make_plugin("drafters", "ngram", target), default_drafter("eagle3", target)]
+        return HybridDrafter.from_parts(parts, target, mode="cascade", threshold=0.7)
+
+
+class TestCascadeAutoConformance(DrafterConformance):
+    """The cascade's second setting: ``threshold = "auto"`` (state across requests: checked
+    after earlier generations), the draft model as its model part."""
+
+    plugin = "hybrid"
+
+    def make_drafter(self, target: TargetModel):
+        parts = [make_plugin("drafters", "ngram", target), default_drafter("model", target)]
+        return HybridDrafter.from_parts(parts, target, mode="cascade", threshold="auto")

@@ -3,7 +3,9 @@ the ``suffix`` drafter retrieving from one, losslessly."""
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from specframe.drafters.datastore import (MAX_OCCURRENCES, SEPARATOR, Datastore,
                                           suffix_array)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
+from specframe.testing.conformance import DrafterConformance
 from specframe.testing.fixtures import VOCAB, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
@@ -202,3 +205,27 @@ def test_answers_are_tied_to_the_datastore_s_content(tmp_path, monkeypatch):
     with pytest.raises(ExperimentError, match=r"arm 'retrieve': the files its option drafter.datastore names changed"):
         run_experiment(config, progress=False)
     assert run_experiment(config, progress=False, fresh=True).computed == 2
+
+
+class TestSuffixWithDatastoreConformance(DrafterConformance):
+    """``suffix`` retrieving from a datastore too (a corpus of the tiny target's own greedy
+    continuations, so that the datastore's rows are the ones drafted)."""
+
+    plugin = "suffix"
+
+    def make_drafter(self, target: TargetModel):
+        return make_plugin("drafters", ("suffix", {"datastore": str(conformance_store()), "max_depth": 12}), target)
+
+
+@functools.cache
+def conformance_store() -> Path:
+    """One datastore per test process, in a temporary folder removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    store = Path(tempfile.mkdtemp(prefix="specframe-conformance-store-"))
+    atexit.register(shutil.rmtree, store, True)
+    prompts = [[3, 17, 40, 2, 9], [11, 3, 3, 8, 1], [5, 6, 7], [1, 2, 3, 4]]
+    build([p + continuation(p, 20) for p in prompts], list, store, "ids", vocab_size=VOCAB)
+    return store

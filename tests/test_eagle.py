@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import string
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from specframe.drafters.eagle_head import reference_path_logp
 from specframe.interfaces import DraftSession
 from specframe.options import OptionError
 from specframe.models.target import TargetModel
+from specframe.testing.fixtures import char_tokenizer
 from specframe.testing.models import tiny_model
 from specframe.testing.strategies import prompts
 
@@ -253,18 +253,6 @@ def test_target_mismatch_is_named(checkpoints):
 
 
 # ---------------------------------------------------------------------- trainer
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<eos>": 0, "<unk>": 1}
-    for ch in string.ascii_lowercase + string.digits + " \n.,:()=_+-*":
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>", pad_token="<eos>")
-
-
 @pytest.mark.parametrize("kind", ["eagle3", "eagle"])
 def test_train_eagle_command_writes_a_loadable_head_and_resumes(kind, tmp_path):
     from click.testing import CliRunner
@@ -273,7 +261,7 @@ def test_train_eagle_command_writes_a_loadable_head_and_resumes(kind, tmp_path):
 
     model = tiny_model("llama", seed=5, layers=4, vocab_size=VOCAB, dtype=torch.float32)
     model.save_pretrained(tmp_path / "target")
-    _char_tokenizer().save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.py").write_text("def add(x, y):\n    return x + y\n" * 20)
     (tmp_path / "data" / "b.jsonl").write_text(json.dumps({"turns": ["print(1 + 2)\n" * 10]}) + "\n")

@@ -3,16 +3,20 @@ and lossless drafting under every policy."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.drafters.medusa import (PICKLE_NAME, SAFETENSORS_NAME, MedusaCheckpointError, MedusaHeads, load_heads,
                                        save_heads)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
+from specframe.testing.conformance import DrafterConformance
 from specframe.testing.fixtures import VOCAB, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
@@ -86,3 +90,70 @@ def test_options_name_what_is_missing():
     target = TargetModel(tiny_target())
     with pytest.raises(ValueError, match="'path'"):
         make_plugin("drafters", "medusa", target)
+
+
+def test_shared_heads_keep_only_their_blocks_and_use_the_targets_output_layer(tmp_path):
+    target = TargetModel(tiny_target())
+    torch.manual_seed(1)
+    shared = MedusaHeads(HIDDEN, VOCAB, 2, shared_lm_head=True)
+    for p in shared.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    save_heads(shared.double(), tmp_path)
+    assert all(".linear." in key for key in load_file(str(tmp_path / SAFETENSORS_NAME)))
+    drafter = make_plugin("drafters", ("medusa", {"path": str(tmp_path)}), target)
+    state = torch.randn(HIDDEN, dtype=torch.float64)
+    drafter.begin(torch.tensor([1, 2]), target_hidden=(state[None, None],))
+    rows = drafter.expand(DraftTree.root(3), torch.tensor([0]))
+    out_layer = target.model.get_output_embeddings()
+    want = torch.log_softmax(out_layer(shared[0](state)).float(), dim=-1)
+    assert torch.allclose(rows[0], want)
+    with pytest.raises(ValueError, match="lm_head"):
+        shared.log_probs(state)
+
+
+def test_train_medusa_writes_loadable_heads_resumes_and_reports_agreement(tmp_path):
+    from click.testing import CliRunner
+
+    from specframe import get_registry as registry
+    from specframe.cli import cli
+    from specframe.testing.fixtures import char_tokenizer
+    from specframe.testing.models import tiny_model
+
+    model = tiny_model("llama", seed=5, layers=2, vocab_size=VOCAB, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    registry().commands_hook()(cli=cli)
+    args = ["train-medusa", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "a.txt"),
+            "--heldout", str(tmp_path / "a.txt"), "--out", str(tmp_path / "heads"), "--seq-len", "24",
+            "--batch-size", "2", "--positions", "16", "--heads", "2", "--no-progress"]
+    first = CliRunner().invoke(cli, args + ["--steps", "2"])
+    assert first.exit_code == 0, first.output + repr(first.exception)
+    second = CliRunner().invoke(cli, args + ["--steps", "5"])
+    assert second.exit_code == 0, second.output + repr(second.exception)
+    summary = json.loads(second.output[second.output.rindex('{"kind"'):])
+    assert summary["steps"] == 5 and len(summary["heldout_top1"]) == 2  # resumed at 2, ran 3 more
+    assert all(0.0 <= a <= 1.0 for a in summary["heldout_top1"])
+    changed = CliRunner().invoke(cli, args + ["--steps", "6", "--layers", "2"])
+    assert changed.exit_code != 0 and "layers" in changed.output
+    target64 = TargetModel(model.to(torch.float64))
+    dec = SpecDecoder(target64, make_plugin("drafters", ("medusa", {"path": str(tmp_path / "heads")}), target64),
+                      make_plugin("policies", "talon"), make_plugin("verifiers", "greedy"))
+    prompt = [3, 4, 5]
+    assert dec.generate(prompt, max_new_tokens=8, eos_token_id=None).tokens == greedy_by_recomputation(
+        model, prompt, 8, None)
+
+
+class TestMedusaSharedTwoLayersConformance(DrafterConformance):
+    """Medusa's second setting: two residual blocks a head and the target's shared output layer
+    (the shipped head's layout), four heads."""
+
+    plugin = "medusa"
+
+    def make_drafter(self, target: TargetModel):
+        gen = torch.Generator().manual_seed(3)
+        shared = MedusaHeads(HIDDEN, int(target.vocab_size), 4, num_layers=2, shared_lm_head=True)
+        with torch.no_grad():
+            for p in shared.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        return make_plugin("drafters", ("medusa", {"heads": shared}), target)

@@ -14,6 +14,7 @@ SHIPPED_MODELS = {
     "demo-draft": ASSET_DIR / "demo-pair" / "draft",
     "demo-eagle": ASSET_DIR / "demo-pair" / "eagle",
     "smollm2-135m-instruct-eagle3": ASSET_DIR / "smollm2-eagle3",
+    "smollm2-135m-instruct-medusa": ASSET_DIR / "smollm2-medusa",
 }
 
 

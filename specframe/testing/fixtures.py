@@ -204,3 +204,19 @@ def specframe_synthetic_drafter() -> Any:
     from specframe.testing.synthetic import SyntheticDrafter
 
     return SyntheticDrafter(VOCAB, temperature=0.5, seed=0)
+
+
+def char_tokenizer() -> Any:
+    """A one-character-per-token fast tokenizer (ids 0 = EOS, 1 = unknown; 50 ids) that the
+    trainers' tests save beside a tiny target, so that no tokenizer is downloaded."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "<unk>": 1}
+    for ch in string.ascii_lowercase + string.digits + " \n.,:()=_+-*":
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>", pad_token="<eos>")
