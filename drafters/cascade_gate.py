@@ -25,8 +25,9 @@ from __future__ import annotations
 import bisect
 import time
 
-#: Lower edges of the confidence bins (the first bin, below 1e-6, is "no candidate at all").
-BIN_EDGES = (1e-6, 0.3, 0.7, 0.95)
+#: Lower edges of the confidence bins: the first bin, below 1e-4, holds "no candidate at all"
+#: (the n-gram and suffix drafters' fallback row claims 1e-6).
+BIN_EDGES = (1e-4, 0.3, 0.7, 0.95)
 #: Decisions of each action a cell takes before it compares rates.
 WARM = 3
 #: After warming, every EXPLORE-th decision of a cell takes the action its rates reject.

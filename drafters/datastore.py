@@ -67,18 +67,31 @@ def suffix_array(tokens: np.ndarray, depth: int) -> np.ndarray:
     return order
 
 
+def row_text(row: Any) -> str:
+    """One JSONL row's document: its ``text``; else its ``messages`` / ``conversations``
+    (each turn's ``content`` or ``value``) joined; else its ``turns`` then its ``answer`` /
+    ``answers`` joined (Spec-Bench questions, the target's own chat data)."""
+    if not isinstance(row, dict):
+        return ""
+    if isinstance(row.get("text"), str):
+        return row["text"]
+    for key in ("messages", "conversations"):
+        if isinstance(row.get(key), list):
+            return "\n".join(str(t.get("content", t.get("value", ""))) for t in row[key] if isinstance(t, dict))
+    answers = row.get("answers", [row["answer"]] if "answer" in row else [])
+    return "\n".join(t for t in [*row.get("turns", []), *answers] if isinstance(t, str))
+
+
 def documents(paths: Iterable[str | Path]) -> Iterator[str]:
-    """The texts of ``paths``: a file is one document (a JSONL file one per line: its ``text``,
-    else its ``turns`` joined); a folder holds every text file under it, in name order."""
+    """The texts of ``paths``: a file is one document (a JSONL file one per line, see
+    :func:`row_text`); a folder holds every text file under it, in name order."""
     for path in map(Path, paths):
         if path.is_dir():
             yield from documents(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES))
         elif path.suffix == ".jsonl":
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 if line.strip():
-                    row = json.loads(line)
-                    text = row.get("text") if isinstance(row, dict) else None
-                    yield text if isinstance(text, str) else "\n".join(t for t in row.get("turns", []) if isinstance(t, str))
+                    yield row_text(json.loads(line))
         elif path.is_file():
             yield path.read_text(encoding="utf-8", errors="replace")
         else:

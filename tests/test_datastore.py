@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from specframe.cli import cli
 from specframe.decode.engine import SpecDecoder, make_plugin
-from specframe.drafters.datastore import (MAX_OCCURRENCES, SEPARATOR, Datastore, DatastoreError, build, load,
+from specframe.drafters.datastore import (MAX_OCCURRENCES, SEPARATOR, Datastore, DatastoreError, build, load, row_text,
                                           suffix_array)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
@@ -229,3 +229,15 @@ def conformance_store() -> Path:
     prompts = [[3, 17, 40, 2, 9], [11, 3, 3, 8, 1], [5, 6, 7], [1, 2, 3, 4]]
     build([p + continuation(p, 20) for p in prompts], list, store, "ids", vocab_size=VOCAB)
     return store
+
+
+@pytest.mark.parametrize("row, text", [
+    ({"text": "abc", "turns": ["x"]}, "abc"),
+    ({"turns": ["q1", "q2"], "answer": "a"}, "q1\nq2\na"),
+    ({"turns": ["q"], "answers": ["a1", "a2"]}, "q\na1\na2"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, "hi\nyo"),
+    ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}, "hi\nyo"),
+    ({"other": 1}, ""),
+])
+def test_a_jsonl_row_gives_its_whole_conversation(row, text):
+    assert row_text(row) == text
