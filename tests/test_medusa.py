@@ -27,9 +27,9 @@ POLICIES = get_registry().names("policies")
 EXAMPLES = max(2, profile_examples() // 3)
 
 
-def heads(num_heads: int = 3, num_layers: int = 1, seed: int = 0) -> MedusaHeads:
+def heads(num_heads: int = 3, num_layers: int = 1, seed: int = 0, shared: bool = False) -> MedusaHeads:
     torch.manual_seed(seed)
-    out = MedusaHeads(HIDDEN, VOCAB, num_heads, num_layers)
+    out = MedusaHeads(HIDDEN, VOCAB, num_heads, num_layers, shared_lm_head=shared)
     for p in out.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return out.double()
@@ -76,11 +76,11 @@ def test_a_node_gets_the_head_of_its_depth():
 
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), seed=st.integers(0, 3))
-def test_medusa_is_lossless_under_every_policy(policy, prompt, seed):
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), seed=st.integers(0, 3), shared=st.booleans())
+def test_medusa_is_lossless_under_every_policy(policy, prompt, seed, shared):
     target = TargetModel(tiny_target())
     spec = fixed_policy_spec(policy)
-    dec = SpecDecoder(target, make_plugin("drafters", ("medusa", {"heads": heads(seed=seed)}), target),
+    dec = SpecDecoder(target, make_plugin("drafters", ("medusa", {"heads": heads(seed=seed, shared=shared)}), target),
                       make_plugin("policies", spec), make_plugin("verifiers", "greedy"))
     out = dec.generate(prompt, max_new_tokens=10, eos_token_id=None)
     assert out.tokens == greedy_by_recomputation(tiny_target(), prompt, 10, None)

