@@ -80,14 +80,15 @@ def test_concurrent_gguf_conversions_convert_once_and_clear_dead_temps(tmp_path,
 
 # ---------------------------------------------------------------------- EAGLE training state
 def _training_config(tmp_path: Path, steps: int):
-    from test_eagle import VOCAB, _char_tokenizer
+    from specframe.testing.fixtures import char_tokenizer
+    from test_eagle import VOCAB
 
     from specframe.drafters.eagle_train import TrainConfig
 
     if not (tmp_path / "target").exists():
         model = tiny_model("llama", seed=5, layers=4, vocab_size=VOCAB, dtype=torch.float32)
         model.save_pretrained(tmp_path / "target")
-        _char_tokenizer().save_pretrained(tmp_path / "target")
+        char_tokenizer().save_pretrained(tmp_path / "target")
         (tmp_path / "a.py").write_text("def add(x, y):\n    return x + y\n" * 20)
     return TrainConfig(target=str(tmp_path / "target"), data=[str(tmp_path / "a.py")], out=str(tmp_path / "head"),
                        seq_len=24, batch_size=2, ttt_steps=2, draft_vocab_size=30, steps=steps)

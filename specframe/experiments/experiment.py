@@ -375,9 +375,14 @@ class Experiment:
             lock.__exit__(None, None, None)
 
     def fingerprint(self) -> dict:
-        """The run's fingerprint in run.json (:meth:`ExperimentConfig.fingerprint`; a replay adds
-        the identity of its trace and curve)."""
-        return self.config.fingerprint()
+        """The run's fingerprint in run.json (:meth:`ExperimentConfig.fingerprint`, plus the
+        content digests of the models' local files, so other weights under the same name are
+        never answered from this run; a replay adds the identity of its trace and curve)."""
+        if getattr(self, "_model_files", None) is None:
+            from specframe.experiments.runs.artifacts import model_files
+
+            self._model_files = model_files({"target": self.config.target, **self.config.models})
+        return {**self.config.fingerprint(), **({"model_files": self._model_files} if self._model_files else {})}
 
     def encoder(self) -> PromptEncoder:
         """The prompt encoder of the target's tokenizer (loaded once per run)."""

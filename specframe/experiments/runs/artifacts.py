@@ -9,7 +9,13 @@ arm's definition, so a changed file makes the arm "changed" (refused unless ``--
 Digest: SHA-1 over the folder's files in name order (relative name, size and content). A file
 over :data:`WHOLE_BYTES` is read at its first and last MiB only, with its size: weights do not
 change in the middle alone, and hashing a multi-GB checkpoint on every run would cost more
-than the run. Shipped and registry model names are no local paths here and are not hashed.
+than the run. A shipped name (``smollm2-135m-instruct-medusa``) is hashed as the folder it names.
+
+The models themselves are tied the same way: :func:`model_files` digests the folder each
+``[target]`` / ``[models.*]`` name resolves to here (a local path, a shipped name, a registry
+model's converted checkpoint), and the run's fingerprint keeps it, so answers of other weights
+under the same name are never reused. ``random:`` and ``perturbed:`` models are decided by
+their options (already in the fingerprint); a hub id not on disk has nothing to hash.
 """
 
 from __future__ import annotations
@@ -62,10 +68,41 @@ def _strings(value: Any, at: str) -> Iterator[tuple[str, str]]:
 
 def arm_artifacts(options: dict[str, dict]) -> dict[str, str]:
     """``{"drafter.datastore": digest, ...}`` for the option values (by scope: ``{"drafter":
-    {...}, ...}``) that name an existing local file or folder."""
+    {...}, ...}``) that name an existing local file or folder, or a shipped model."""
+    from specframe.models.assets import SHIPPED_MODELS
+
     out = {}
     for scope, values in options.items():
         for where, text in _strings(values or {}, scope):
-            if text and ("/" in text or text.startswith(".")) and Path(text).exists():
+            if text in SHIPPED_MODELS and SHIPPED_MODELS[text].exists():
+                out[where] = digest(SHIPPED_MODELS[text])
+            elif text and ("/" in text or text.startswith(".")) and Path(text).exists():
                 out[where] = digest(text)
+    return out
+
+
+def local_model_dir(name: str | None) -> Path | None:
+    """The local folder (or file) a model or tokenizer name resolves to here; None for
+    ``random:``/``perturbed:`` models, ``bytes`` and hub ids that are not on disk."""
+    if not name or name == "bytes" or name.startswith(("random:", "perturbed:")):
+        return None
+    from specframe.models.assets import resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(name))
+    except (FileNotFoundError, OSError):
+        return None
+    return path if path.exists() else None
+
+
+def model_files(specs: dict[str, Any]) -> dict[str, str]:
+    """``{"target": digest, "target.tokenizer": digest, "draft": digest, ...}``: the content of
+    the local folders the models (:class:`~specframe.experiments.config.ModelSpec`, by alias)
+    and their tokenizers resolve to."""
+    out = {}
+    for alias, spec in specs.items():
+        for where, name in ((alias, spec.model), (f"{alias}.tokenizer", spec.tokenizer)):
+            path = local_model_dir(name)
+            if path is not None:
+                out[where] = digest(path)
     return out
