@@ -12,16 +12,14 @@ out) plus, for EAGLE-1/2, ``v_weight`` x smooth-L1 feature regression (``p_weigh
 
 The result is written in the published layout (:mod:`specframe.drafters.eagle_checkpoint`);
 training state (head, optimizer, RNG, step, elapsed time) sits in a work directory and a rerun
-of the same command resumes from it.
+of the same command resumes from it (:mod:`specframe.drafters.training`, the loop both head
+trainers share).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import pickle
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -30,61 +28,36 @@ import click
 import torch
 import torch.nn.functional as F
 
+from .training import StepResult, TrainingSettings, recent_means, run_training
+
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 
 
-@dataclass
-class TrainConfig:
-    """Everything a training run depends on (stored with the state; a resume must match it)."""
+@dataclass(kw_only=True)
+class TrainConfig(TrainingSettings):
+    """Everything an EAGLE training run depends on (stored with the state; a resume must match it)."""
 
-    target: str
-    data: list[str]
-    out: str
     kind: str = "eagle3"
-    steps: int | None = None
-    minutes: float | None = None
     batch_size: int = 8
-    seq_len: int = 256
     ttt_steps: int = 3
-    lr: float = 1e-3
     warmup_steps: int = 50
-    min_lr_frac: float = 0.1
     weight_decay: float = 0.0
-    grad_clip: float = 0.5
     p_weight: float = 0.1
     v_weight: float = 1.0
     draft_vocab_size: int | None = None
     aux_layer_ids: list[int] | None = None
     intermediate_size: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-    save_dtype: str = "float16"
-    work: str | None = None
-    checkpoint_every_s: float = 120.0
     lm_head_init: str = "target"
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in ("eagle", "eagle3"):
             raise click.BadParameter(f"kind must be eagle or eagle3, got {self.kind!r}", param_hint="--kind")
-        if not self.steps and not self.minutes:
-            raise click.BadParameter("give --steps or --minutes (or both: whichever ends first)", param_hint="--steps")
+        super().__post_init__()
         if self.lm_head_init not in ("target", "random"):
             raise click.BadParameter(f"must be target or random, got {self.lm_head_init!r}", param_hint="--lm-head-init")
         if self.ttt_steps < 1:
             raise click.BadParameter(f"must be >= 1, got {self.ttt_steps}", param_hint="--ttt-steps")
-
-    @property
-    def work_dir(self) -> Path:
-        """Where the resumable training state lives (default ``OUT/.train-state``)."""
-        return Path(self.work) if self.work else Path(self.out) / ".train-state"
-
-    def resume_key(self) -> dict:
-        """Fields that must match to resume (budgets and output paths may change), as JSON values:
-        the state file stores it and must load with ``torch.load(weights_only=True)``, and a
-        tuple given for a list must compare equal to the list that comes back."""
-        skip = {"steps", "minutes", "out", "work", "device", "checkpoint_every_s", "save_dtype"}
-        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}, default=str))
 
 
 # ---------------------------------------------------------------------- data
@@ -197,13 +170,6 @@ def target_outputs(model: Any, tokens: torch.Tensor, head: Any) -> tuple[torch.T
 
 
 # ---------------------------------------------------------------------- training loop
-def _lr(cfg: TrainConfig, step: int, frac: float) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    m = cfg.min_lr_frac
-    return cfg.lr * (m + (1 - m) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
 def _load_target(cfg: TrainConfig) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
@@ -249,20 +215,6 @@ def _copy_target_output_layer(head: Any, model: Any) -> None:
             head.norm.weight.copy_(norm.weight)
 
 
-def load_state(path: Path, device: str) -> dict:
-    """The training state saved in ``path``, read with ``torch.load(weights_only=True)``: it holds
-    tensors and plain values only, and a file that holds anything else (pickled objects, which
-    could run code) is refused with the way out."""
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as err:
-        # torch's message is a page of advice; its one line naming the object is what matters here.
-        lines = str(err).splitlines()
-        why = next((ln.strip() for ln in lines if "Unsupported global" in ln), lines[0].strip() if lines else "")
-        raise click.ClickException(f"{path} holds more than tensors and plain values ({why}); "
-                                   "delete it or use another --work directory") from None
-
-
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Run (or resume) training; write the head to ``cfg.out``; return a summary dict."""
     from .eagle_checkpoint import save_head
@@ -278,75 +230,26 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "history": []}
-    state_path = cfg.work_dir / "state.pt"
-    if state_path.exists():
-        saved = load_state(state_path, cfg.device)
-        if saved["config"] != cfg.resume_key():
-            diff = sorted(k for k in cfg.resume_key() if saved["config"].get(k) != cfg.resume_key()[k])
-            raise click.ClickException(f"{state_path} was made with different settings ({', '.join(diff)}); "
-                                       "use another --work directory or delete it")
-        head.load_state_dict(saved["head"])
-        opt.load_state_dict(saved["opt"])
-        gen.set_state(saved["gen"])
-        state = saved["state"]
 
-    def save() -> None:
-        cfg.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        # Tensors and plain values only (the RNG state is a uint8 tensor, the history lists of
-        # numbers), so that load_state can refuse to run code from the file.
-        torch.save({"config": cfg.resume_key(), "head": head.state_dict(), "opt": opt.state_dict(),
-                    "gen": gen.get_state(), "state": state}, tmp)
-        os.replace(tmp, state_path)
-        save_head(head, cfg.out, dtype=getattr(torch, cfg.save_dtype))
+    def step() -> StepResult:
+        starts = torch.randint(0, len(stream) - window, (cfg.batch_size,), generator=gen)
+        tokens = torch.stack([stream[s : s + window] for s in starts.tolist()]).to(cfg.device)
+        feats, top, logits_t = target_outputs(model, tokens, head)
+        loss, accs = head_losses(head, feats, top, logits_t, tokens, cfg)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item(), accs
 
-    budget_s = 60.0 * cfg.minutes if cfg.minutes else float("inf")
-    max_steps = cfg.steps or (1 << 62)
-    done = lambda: state["step"] >= max_steps or state["elapsed"] >= budget_s  # noqa: E731
-    bar = _progress(cfg, progress)
-    task = bar.add_task("train", total=cfg.steps or budget_s, completed=state["step"] if cfg.steps else state["elapsed"])
-    last_save, seg_start, seg_elapsed = time.time(), time.time(), state["elapsed"]
-    with bar:
-        while not done():
-            starts = torch.randint(0, len(stream) - window, (cfg.batch_size,), generator=gen)
-            tokens = torch.stack([stream[s : s + window] for s in starts.tolist()]).to(cfg.device)
-            feats, top, logits_t = target_outputs(model, tokens, head)
-            frac = max(state["step"] / max_steps, state["elapsed"] / budget_s)
-            for group in opt.param_groups:
-                group["lr"] = _lr(cfg, state["step"], frac)
-            loss, accs = head_losses(head, feats, top, logits_t, tokens, cfg)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["tokens"] += cfg.batch_size * cfg.seq_len
-            state["elapsed"] = seg_elapsed + time.time() - seg_start
-            value = loss.item()
-            state["history"].append([state["step"], round(value, 4)] + [round(a, 4) for a in accs])
-            bar.update(task, completed=state["step"] if cfg.steps else min(state["elapsed"], budget_s),
-                       description=f"loss {value:.3f} acc " + "/".join(f"{a:.2f}" for a in accs))
-            if time.time() - last_save > cfg.checkpoint_every_s:
-                save()
-                last_save = time.time()
-    save()
-    recent = state["history"][-50:]
+    state = run_training(cfg, head, "head", opt, gen, step,
+                         lambda: save_head(head, cfg.out, dtype=getattr(torch, cfg.save_dtype)),
+                         f"train-eagle {cfg.kind}", cfg.batch_size * cfg.seq_len, progress)
+    loss, accs = recent_means(state["history"], cfg.ttt_steps)
     summary = {"kind": cfg.kind, "steps": state["step"], "tokens": state["tokens"],
-               "train_seconds": round(state["elapsed"], 1), "out": str(cfg.out),
-               "loss_recent": round(sum(h[1] for h in recent) / max(1, len(recent)), 4),
-               "acc_recent": [round(sum(h[2 + k] for h in recent) / max(1, len(recent)), 4) for k in range(cfg.ttt_steps)]}
+               "train_seconds": round(state["elapsed"], 1), "out": str(cfg.out), "loss_recent": loss, "acc_recent": accs}
     Path(cfg.out, "training.json").write_text(json.dumps({"summary": summary, "config": asdict(cfg)}, indent=1) + "\n")
     return summary
-
-
-def _progress(cfg: Any, enabled: bool, command: str = "train-eagle") -> Any:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    unit = "steps" if cfg.steps else "s"
-    return Progress(TextColumn(f"[bold]{command} {cfg.kind}[/]"), BarColumn(),
-                    TextColumn("{task.completed:.0f}/{task.total:.0f} " + unit), TextColumn("{task.description}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled)
 
 
 # ---------------------------------------------------------------------- command line

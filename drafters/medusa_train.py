@@ -13,8 +13,8 @@ fresh head repeats the target's next-token guess). ``--shared-lm-head`` (the def
 target's output layer frozen as every head's lm_head, so only the blocks train and the
 checkpoint stays small; ``--own-lm-head`` gives each head a trainable copy (the original layout).
 
-Resumable like ``train-eagle``: state (heads, optimizer, RNG, step, elapsed time) in a work
-directory, and a rerun of the same command continues. With ``--heldout`` the result's
+Resumable like ``train-eagle`` (the loop of :mod:`specframe.drafters.training`): state (heads,
+optimizer, RNG, step, elapsed time) in a work directory, and a rerun of the same command continues. With ``--heldout`` the result's
 ``training.json`` reports each head's top-1 agreement with the target on that text.
 """
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,60 +29,32 @@ from typing import Any
 import click
 import torch
 
-from .eagle_train import _lr, _progress, load_state, read_texts, token_stream
+from .eagle_train import read_texts, token_stream
 from .medusa import MedusaHeads, save_heads
+from .training import StepResult, TrainingSettings, recent_means, run_training
 
 #: Medusa-1's per-head loss weight: later heads are harder and matter less.
 HEAD_DECAY = 0.8
 
 
-@dataclass
-class MedusaTrainConfig:
+@dataclass(kw_only=True)
+class MedusaTrainConfig(TrainingSettings):
     """Everything a Medusa training run depends on (stored with the state; a resume must match)."""
 
-    target: str
-    data: list[str]
-    out: str
     heads: int = 3
     layers: int = 1
     shared_lm_head: bool = True
-    steps: int | None = None
-    minutes: float | None = None
-    batch_size: int = 4
-    seq_len: int = 256
     positions: int = 256
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    min_lr_frac: float = 0.1
-    grad_clip: float = 0.5
-    seed: int = 0
-    device: str = "cpu"
-    save_dtype: str = "float16"
-    work: str | None = None
-    checkpoint_every_s: float = 120.0
     heldout: list[str] = field(default_factory=list)
 
+    #: The held-out text only reports; a resume may name another.
+    RESUMABLE = TrainingSettings.RESUMABLE | {"heldout"}
+
     def __post_init__(self) -> None:
-        if not self.steps and not self.minutes:
-            raise click.BadParameter("give --steps or --minutes (or both: whichever ends first)", param_hint="--steps")
+        super().__post_init__()
         for name in ("heads", "layers", "positions"):
             if getattr(self, name) < 1:
                 raise click.BadParameter(f"must be >= 1, got {getattr(self, name)}", param_hint=f"--{name}")
-
-    @property
-    def kind(self) -> str:
-        """The progress bar's label (shared with ``train-eagle``'s)."""
-        return f"medusa x{self.heads}"
-
-    @property
-    def work_dir(self) -> Path:
-        """Where the resumable training state lives (default ``OUT/.train-state``)."""
-        return Path(self.work) if self.work else Path(self.out) / ".train-state"
-
-    def resume_key(self) -> dict:
-        """Fields that must match to resume (budgets, paths and the held-out text may change)."""
-        skip = {"steps", "minutes", "out", "work", "device", "checkpoint_every_s", "save_dtype", "heldout"}
-        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}, default=str))
 
 
 def new_heads(cfg: MedusaTrainConfig, model: Any) -> MedusaHeads:
@@ -167,61 +137,27 @@ def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> dict:
     params = list(heads.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
-    state: dict = {"step": 0, "elapsed": 0.0, "tokens": 0, "history": []}
-    state_path = cfg.work_dir / "state.pt"
-    if state_path.exists():
-        saved = load_state(state_path, cfg.device)
-        if saved["config"] != cfg.resume_key():
-            diff = sorted(k for k in cfg.resume_key() if saved["config"].get(k) != cfg.resume_key()[k])
-            raise click.ClickException(f"{state_path} was made with different settings ({', '.join(diff)}); "
-                                       "use another --work directory or delete it")
-        heads.load_state_dict(saved["heads"])
-        opt.load_state_dict(saved["opt"])
-        gen.set_state(saved["gen"])
-        state = saved["state"]
 
-    def save() -> None:
-        cfg.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        torch.save({"config": cfg.resume_key(), "heads": heads.state_dict(), "opt": opt.state_dict(),
-                    "gen": gen.get_state(), "state": state}, tmp)
-        os.replace(tmp, state_path)
-        save_heads(copy.deepcopy(heads).to(getattr(torch, cfg.save_dtype)), cfg.out)
+    def step() -> StepResult:
+        starts = torch.randint(0, len(stream) - cfg.seq_len, (cfg.batch_size,), generator=gen)
+        tokens = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()]).to(cfg.device)
+        hidden, logits = target_pass(model, tokens)
+        rows, cols = pick_positions(cfg.batch_size, cfg.seq_len, cfg.heads, cfg.positions, gen)
+        loss, agree = heads_loss(heads, lm_head, *head_targets(hidden, logits, rows, cols, cfg.heads))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item(), agree
 
-    budget_s = 60.0 * cfg.minutes if cfg.minutes else float("inf")
-    max_steps = cfg.steps or (1 << 62)
-    bar = _progress(cfg, progress, "train-medusa")
-    task = bar.add_task("train", total=cfg.steps or budget_s, completed=state["step"] if cfg.steps else state["elapsed"])
-    last_save, seg_start, seg_elapsed = time.time(), time.time(), state["elapsed"]
-    with bar:
-        while state["step"] < max_steps and state["elapsed"] < budget_s:
-            starts = torch.randint(0, len(stream) - cfg.seq_len, (cfg.batch_size,), generator=gen)
-            tokens = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()]).to(cfg.device)
-            hidden, logits = target_pass(model, tokens)
-            rows, cols = pick_positions(cfg.batch_size, cfg.seq_len, cfg.heads, cfg.positions, gen)
-            x, teacher = head_targets(hidden, logits, rows, cols, cfg.heads)
-            for group in opt.param_groups:
-                group["lr"] = _lr(cfg, state["step"], max(state["step"] / max_steps, state["elapsed"] / budget_s))
-            loss, agree = heads_loss(heads, lm_head, x, teacher)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["tokens"] += cfg.batch_size * cfg.seq_len
-            state["elapsed"] = seg_elapsed + time.time() - seg_start
-            state["history"].append([state["step"], round(loss.item(), 4)] + agree)
-            bar.update(task, completed=state["step"] if cfg.steps else min(state["elapsed"], budget_s),
-                       description=f"loss {loss.item():.3f} top-1 " + "/".join(f"{a:.2f}" for a in agree))
-            if time.time() - last_save > cfg.checkpoint_every_s:
-                save()
-                last_save = time.time()
-    save()
-    recent = state["history"][-50:]
+    # A copy is cast for the file: casting the trained heads would round them in place.
+    write = lambda: save_heads(copy.deepcopy(heads).to(getattr(torch, cfg.save_dtype)), cfg.out)  # noqa: E731
+    state = run_training(cfg, heads, "heads", opt, gen, step, write, f"train-medusa x{cfg.heads}",
+                         cfg.batch_size * cfg.seq_len, progress)
+    loss, agree = recent_means(state["history"], cfg.heads)
     summary = {"kind": "medusa", "heads": cfg.heads, "steps": state["step"], "tokens": state["tokens"],
-               "train_seconds": round(state["elapsed"], 1), "out": str(cfg.out),
-               "loss_recent": round(sum(h[1] for h in recent) / max(1, len(recent)), 4),
-               "top1_recent": [round(sum(h[2 + i] for h in recent) / max(1, len(recent)), 4) for i in range(cfg.heads)]}
+               "train_seconds": round(state["elapsed"], 1), "out": str(cfg.out), "loss_recent": loss,
+               "top1_recent": agree}
     if cfg.heldout:
         held = token_stream(read_texts(cfg.heldout), tokenizer)
         summary["heldout_top1"] = heldout_agreement(heads.eval(), model, held, min(cfg.seq_len, len(held) - 1))
