@@ -116,7 +116,6 @@ class BatchDecoder:
         self._drafters: list[Drafter] = [decoder.drafter]
         self._policies: list[TreePolicy] = [decoder.policy]
         self._curves: dict[int, Any] = {}  # batch size -> BatchCurves (measured or cached once)
-        self._score = False  # the running generation's score flag
 
     def prepare(self, rows: int) -> None:
         """Build the drafters and policies of ``rows`` rows now (loading a draft model or head),
@@ -167,13 +166,13 @@ class BatchDecoder:
                                  f"= {need} exceeds the {dec.max_positions} positions of the target and draft model")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
-        self._score = score
         width = len(ids) if max_live is None else min(max_live, len(ids))
         curves = self._batch_curves(width)
         start = time.perf_counter()
         kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
         result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids))
-        rows = self._begin(kv, ids[:width], generators, result)
+        call = _Call(ids, generators, result, score)
+        rows = self._begin(kv, call, width)
         waiting = list(range(width, len(ids)))
         priced = 0
         try:
@@ -186,7 +185,7 @@ class BatchDecoder:
                 result.step_rows.append(kv.last_rows)
                 if waiting and len(rows) < width:
                     joining, waiting = waiting[: width - len(rows)], waiting[width - len(rows) :]
-                    rows += self._join(kv, rows, joining, ids, generators, result, start)
+                    rows += self._join(kv, rows, joining, call, start)
                     priced = 0  # the newcomers' policies (reset) are priced at the new shape
         finally:
             if curves is not None:  # back to one-row prices, as generate() alone pays
@@ -226,32 +225,42 @@ class BatchDecoder:
             raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
         return [s if isinstance(s, torch.Generator) else torch.Generator().manual_seed(int(s)) for s in seeds]
 
-    def _begin(self, kv: BatchKV, ids: list[torch.Tensor], generators: list, result: BatchOutput) -> list[Row]:
-        """Prefill the first prompts together and begin their rows' drafters and policies."""
-        rows = self._rows(range(len(ids)), range(len(ids)), ids, generators, result)  # prompt b in slot b
+    def _begin(self, kv: BatchKV, call: _Call, width: int) -> list[Row]:
+        """Prefill the first ``width`` prompts together and begin their rows' drafters and policies."""
+        ids = call.ids[:width]
+        rows = self._rows(call, range(width), range(width))  # prompt b in slot b
         prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden,
                              logits=any(wants_prompt_logits(r.drafter) for r in rows))
         return self.decoder.begin_rows(prefill, rows, ids)
 
-    def _join(self, kv: BatchKV, rows: list[Row], joining: list[int], ids: list[torch.Tensor],
-              generators: list, result: BatchOutput, start: float) -> list[Row]:
+    def _join(self, kv: BatchKV, rows: list[Row], joining: list[int], call: _Call, start: float) -> list[Row]:
         """Prefill the prompts ``joining`` (indices into ``ids``) as new last rows of the batch,
         in the slots (drafter, policy) the rows that left freed."""
         at = time.perf_counter() - start
         busy = {row.slot for row in rows}
         slots = [b for b in range(len(rows) + len(joining)) if b not in busy][: len(joining)]
-        new = self._rows(joining, slots, ids, generators, result)
-        prefill = kv.join([ids[i][:-1] for i in joining], hidden=self.decoder._needs_hidden,
+        new = self._rows(call, joining, slots)
+        prefill = kv.join([call.ids[i][:-1] for i in joining], hidden=self.decoder._needs_hidden,
                           logits=any(wants_prompt_logits(r.drafter) for r in new))
         for i in joining:
-            result.joined[i] = at
-        return self.decoder.begin_rows(prefill, new, [ids[i] for i in joining])
+            call.result.joined[i] = at
+        return self.decoder.begin_rows(prefill, new, [call.ids[i] for i in joining])
 
-    def _rows(self, indices: Sequence[int], slots: Sequence[int], ids: list[torch.Tensor], generators: list,
-              result: BatchOutput) -> list[Row]:
+    def _rows(self, call: _Call, indices: Sequence[int], slots: Sequence[int]) -> list[Row]:
         """Prompt ``indices[j]``'s row on the drafter and policy of ``slots[j]``."""
-        return [Row(i, slot, *self._slot(slot), ids[i].tolist(), result.outputs[i], generators[i], score=self._score)
-                for i, slot in zip(indices, slots)]
+        return [Row(i, slot, *self._slot(slot), call.ids[i].tolist(), call.result.outputs[i], call.generators[i],
+                    score=call.score) for i, slot in zip(indices, slots)]
+
+
+@dataclass
+class _Call:
+    """What one :meth:`BatchDecoder.generate` call gives every row it starts: the prompts, their
+    generators, the output being filled and whether answers are scored."""
+
+    ids: list[torch.Tensor]
+    generators: list[torch.Generator | None]
+    result: BatchOutput
+    score: bool
 
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
