@@ -76,6 +76,17 @@ def test_a_shipped_name_in_an_arm_s_options_is_hashed_as_its_folder(tmp_path, mo
     assert artifacts.arm_artifacts({"drafter": {"path": "not-shipped-and-not-a-path"}}) == {}
 
 
-@pytest.mark.parametrize("name", ["random:llama", "perturbed:target", "bytes", None, "some-org/not-downloaded"])
-def test_names_without_local_files_have_nothing_to_hash(name):
-    assert artifacts.local_model_dir(name) is None
+@pytest.mark.parametrize("model, tokenizer", [("random:llama", "bytes"), ("perturbed:target", None),
+                                              ("some-org/not-downloaded", "some-org/not-downloaded")])
+def test_names_without_local_files_have_nothing_to_hash(model, tokenizer):
+    from specframe.experiments.config import ModelSpec
+
+    assert artifacts.model_files({"target": ModelSpec(model=model, tokenizer=tokenizer)}) == {}
+
+
+def test_only_names_that_can_be_files_are_looked_up():
+    from specframe.experiments.config import ModelSpec
+
+    assert ModelSpec(model="random:llama", tokenizer="bytes").file_names() == {}
+    assert ModelSpec(model="perturbed:target").file_names() == {}
+    assert ModelSpec(model="/m", tokenizer="/t").file_names() == {"": "/m", "tokenizer": "/t"}

@@ -88,6 +88,14 @@ class ModelSpec:
         """Alias of the model this one is a noisy copy of, if ``perturbed:``."""
         return self.model[len(PERTURBED_PREFIX):] if self.model.startswith(PERTURBED_PREFIX) else None
 
+    def file_names(self) -> dict[str, str]:
+        """``{"": model, "tokenizer": tokenizer}``: the names that may be files here (a
+        ``random:`` or ``perturbed:`` model and the ``bytes`` tokenizer are decided by options)."""
+        names = {} if self.is_random or self.perturbed_of is not None else {"": self.model}
+        if self.tokenizer not in (None, BYTES_TOKENIZER):
+            names["tokenizer"] = self.tokenizer
+        return names
+
 
 @dataclass
 class PluginRef:

@@ -81,11 +81,9 @@ def arm_artifacts(options: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def local_model_dir(name: str | None) -> Path | None:
-    """The local folder (or file) a model or tokenizer name resolves to here; None for
-    ``random:``/``perturbed:`` models, ``bytes`` and hub ids that are not on disk."""
-    if not name or name == "bytes" or name.startswith(("random:", "perturbed:")):
-        return None
+def local_model_dir(name: str) -> Path | None:
+    """The local folder (or file) a model or tokenizer name resolves to here; None for a hub id
+    that is not on disk."""
     from specframe.models.assets import resolve_model_path
 
     try:
@@ -98,11 +96,11 @@ def local_model_dir(name: str | None) -> Path | None:
 def model_files(specs: dict[str, Any]) -> dict[str, str]:
     """``{"target": digest, "target.tokenizer": digest, "draft": digest, ...}``: the content of
     the local folders the models (:class:`~specframe.experiments.config.ModelSpec`, by alias)
-    and their tokenizers resolve to."""
+    and their tokenizers resolve to (the names :meth:`ModelSpec.file_names` gives)."""
     out = {}
     for alias, spec in specs.items():
-        for where, name in ((alias, spec.model), (f"{alias}.tokenizer", spec.tokenizer)):
+        for part, name in spec.file_names().items():
             path = local_model_dir(name)
             if path is not None:
-                out[where] = digest(path)
+                out[f"{alias}.{part}" if part else alias] = digest(path)
     return out
