@@ -89,6 +89,18 @@ class MedusaHeads(nn.ModuleList):
         return torch.log_softmax(self.logits(hidden, lm_head).float(), dim=-1)
 
 
+def random_heads(hidden: int, vocab: int, num_heads: int = 3, num_layers: int = 1, shared_lm_head: bool = False,
+                 seed: int = 0, std: float = 0.5) -> MedusaHeads:
+    """Heads of seeded random weights, every one drawn from N(0, std^2) (tests, conformance: far
+    from the trained ones, so they draft wrong often and the verifier's work shows)."""
+    heads = MedusaHeads(hidden, vocab, num_heads, num_layers, shared_lm_head)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in heads.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return heads
+
+
 def save_heads(heads: MedusaHeads, directory: str | Path) -> Path:
     """Write ``heads`` in the official layout (tests and training write checkpoints this way)."""
     from safetensors.torch import save_file

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.drafters.medusa import (PICKLE_NAME, SAFETENSORS_NAME, MedusaCheckpointError, MedusaHeads, load_heads,
-                                       save_heads)
+                                       random_heads, save_heads)
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
 from specframe.testing.conformance import DrafterConformance
@@ -28,11 +28,7 @@ EXAMPLES = max(2, profile_examples() // 3)
 
 
 def heads(num_heads: int = 3, num_layers: int = 1, seed: int = 0, shared: bool = False) -> MedusaHeads:
-    torch.manual_seed(seed)
-    out = MedusaHeads(HIDDEN, VOCAB, num_heads, num_layers, shared_lm_head=shared)
-    for p in out.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    return out.double()
+    return random_heads(HIDDEN, VOCAB, num_heads, num_layers, shared, seed=seed).double()
 
 
 def test_the_official_layout_round_trips(tmp_path):
@@ -95,10 +91,8 @@ def test_options_name_what_is_missing():
 def test_shared_heads_keep_only_their_blocks_and_use_the_targets_output_layer(tmp_path):
     target = TargetModel(tiny_target())
     torch.manual_seed(1)
-    shared = MedusaHeads(HIDDEN, VOCAB, 2, shared_lm_head=True)
-    for p in shared.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    save_heads(shared.double(), tmp_path)
+    shared = heads(num_heads=2, seed=1, shared=True)
+    save_heads(shared, tmp_path)
     assert all(".linear." in key for key in load_file(str(tmp_path / SAFETENSORS_NAME)))
     drafter = make_plugin("drafters", ("medusa", {"path": str(tmp_path)}), target)
     state = torch.randn(HIDDEN, dtype=torch.float64)
@@ -151,9 +145,5 @@ class TestMedusaSharedTwoLayersConformance(DrafterConformance):
     plugin = "medusa"
 
     def make_drafter(self, target: TargetModel):
-        gen = torch.Generator().manual_seed(3)
-        shared = MedusaHeads(HIDDEN, int(target.vocab_size), 4, num_layers=2, shared_lm_head=True)
-        with torch.no_grad():
-            for p in shared.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        shared = random_heads(HIDDEN, int(target.vocab_size), 4, num_layers=2, shared_lm_head=True, seed=3)
         return make_plugin("drafters", ("medusa", {"heads": shared}), target)

@@ -110,18 +110,11 @@ def _eagle_drafter(kind: str) -> Callable[[Any], Any]:
 
 def _medusa_drafter(target: Any) -> Any:
     """Medusa heads of fixed random weights (seed 0) sized for ``target``."""
-    import torch
-
     from specframe.decode.engine import make_plugin
-    from specframe.drafters.medusa import MedusaHeads
+    from specframe.drafters.medusa import random_heads
 
-    cfg = target.model.config.get_text_config()
-    gen = torch.Generator().manual_seed(0)
-    heads = MedusaHeads(int(cfg.hidden_size), int(target.vocab_size), 3)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return make_plugin("drafters", ("medusa", {"heads": heads}), target)
+    hidden = int(target.model.config.get_text_config().hidden_size)
+    return make_plugin("drafters", ("medusa", {"heads": random_heads(hidden, int(target.vocab_size))}), target)
 
 
 #: Factories of built-in drafters that cannot be built from default options, keyed by the
