@@ -28,7 +28,7 @@ import click
 import torch
 import torch.nn.functional as F
 
-from .training import StepResult, TrainingSettings, recent_means, run_training
+from .training import StepResult, TrainingSettings, load_frozen_target, recent_means, run_training
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 
@@ -170,19 +170,6 @@ def target_outputs(model: Any, tokens: torch.Tensor, head: Any) -> tuple[torch.T
 
 
 # ---------------------------------------------------------------------- training loop
-def _load_target(cfg: TrainConfig) -> tuple[Any, Any]:
-    from transformers import AutoTokenizer
-
-    from specframe.models.assets import resolve_model_path
-    from specframe.models.target import load_causal_lm
-
-    path = resolve_model_path(cfg.target)
-    model = load_causal_lm(path, dtype="float32", device=cfg.device, attn_implementation="sdpa")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, AutoTokenizer.from_pretrained(path)
-
-
 def _new_head(cfg: TrainConfig, model: Any, stream: torch.Tensor) -> Any:
     from .eagle_checkpoint import random_head, set_draft_vocab
 
@@ -220,7 +207,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     from .eagle_checkpoint import save_head
 
     torch.manual_seed(cfg.seed)
-    model, tokenizer = _load_target(cfg)
+    model, tokenizer = load_frozen_target(cfg)
     stream = token_stream(read_texts(cfg.data), tokenizer)
     window = cfg.seq_len + cfg.ttt_steps
     if len(stream) <= window:

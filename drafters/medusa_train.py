@@ -31,7 +31,7 @@ import torch
 
 from .eagle_train import read_texts, token_stream
 from .medusa import MedusaHeads, save_heads
-from .training import StepResult, TrainingSettings, recent_means, run_training
+from .training import StepResult, TrainingSettings, load_frozen_target, recent_means, run_training
 
 #: Medusa-1's per-head loss weight: later heads are harder and matter less.
 HEAD_DECAY = 0.8
@@ -122,10 +122,8 @@ def heldout_agreement(heads: MedusaHeads, model: Any, stream: torch.Tensor, seq_
 
 def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> dict:
     """Run (or resume) training; write the heads to ``cfg.out``; return a summary dict."""
-    from .eagle_train import _load_target
-
     torch.manual_seed(cfg.seed)
-    model, tokenizer = _load_target(cfg)
+    model, tokenizer = load_frozen_target(cfg)
     stream = token_stream(read_texts(cfg.data), tokenizer)
     if len(stream) <= cfg.seq_len:
         raise click.BadParameter(f"the data has {len(stream)} tokens, need more than --seq-len {cfg.seq_len}",
