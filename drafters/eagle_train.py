@@ -28,7 +28,8 @@ import click
 import torch
 import torch.nn.functional as F
 
-from .training import StepResult, TrainingSettings, load_frozen_target, recent_means, run_training
+from .training import (StepResult, TrainingSettings, load_frozen_target, recent_means, run_training,
+                       sample_windows)
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 
@@ -214,20 +215,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
         raise click.BadParameter(f"the data has {len(stream)} tokens, need more than {window} (--seq-len + --ttt-steps)",
                                  param_hint="--data")
     head = _new_head(cfg, model, stream).to(cfg.device)
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def step() -> StepResult:
-        starts = torch.randint(0, len(stream) - window, (cfg.batch_size,), generator=gen)
-        tokens = torch.stack([stream[s : s + window] for s in starts.tolist()]).to(cfg.device)
-        feats, top, logits_t = target_outputs(model, tokens, head)
-        loss, accs = head_losses(head, feats, top, logits_t, tokens, cfg)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item(), accs
+        tokens = sample_windows(stream, window, cfg.batch_size, gen, cfg.device)
+        return head_losses(head, *target_outputs(model, tokens, head), tokens, cfg)
 
     state = run_training(cfg, head, "head", opt, gen, step,
                          lambda: save_head(head, cfg.out, dtype=getattr(torch, cfg.save_dtype)),

@@ -31,7 +31,8 @@ import torch
 
 from .eagle_train import read_texts, token_stream
 from .medusa import MedusaHeads, save_heads
-from .training import StepResult, TrainingSettings, load_frozen_target, recent_means, run_training
+from .training import (StepResult, TrainingSettings, load_frozen_target, recent_means, run_training,
+                       sample_windows)
 
 #: Medusa-1's per-head loss weight: later heads are harder and matter less.
 HEAD_DECAY = 0.8
@@ -132,21 +133,13 @@ def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> dict:
         raise click.BadParameter(f"must exceed --heads ({cfg.heads}), got {cfg.seq_len}", param_hint="--seq-len")
     heads = new_heads(cfg, model).to(cfg.device)
     lm_head = model.get_output_embeddings() if cfg.shared_lm_head else None
-    params = list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def step() -> StepResult:
-        starts = torch.randint(0, len(stream) - cfg.seq_len, (cfg.batch_size,), generator=gen)
-        tokens = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()]).to(cfg.device)
-        hidden, logits = target_pass(model, tokens)
+        hidden, logits = target_pass(model, sample_windows(stream, cfg.seq_len, cfg.batch_size, gen, cfg.device))
         rows, cols = pick_positions(cfg.batch_size, cfg.seq_len, cfg.heads, cfg.positions, gen)
-        loss, agree = heads_loss(heads, lm_head, *head_targets(hidden, logits, rows, cols, cfg.heads))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item(), agree
+        return heads_loss(heads, lm_head, *head_targets(hidden, logits, rows, cols, cfg.heads))
 
     # A copy is cast for the file: casting the trained heads would round them in place.
     write = lambda: save_heads(copy.deepcopy(heads).to(getattr(torch, cfg.save_dtype)), cfg.out)  # noqa: E731

@@ -67,8 +67,9 @@ class TrainingSettings:
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}, default=str))
 
 
-#: What one optimizer step reports: its loss and its per-depth (or per-head) top-1 agreements.
-StepResult = tuple[float, list[float]]
+#: What a trainer's batch gives: its loss (a tensor to back-propagate) and its per-depth (or
+#: per-head) top-1 agreements.
+StepResult = tuple[torch.Tensor, list[float]]
 
 
 def load_frozen_target(cfg: TrainingSettings) -> tuple[Any, Any]:
@@ -124,8 +125,9 @@ def run_training(cfg: Any, module: torch.nn.Module, key: str, opt: torch.optim.O
     """Resume (or start) and run the loop (module docstring); returns the state:
     ``{"step", "elapsed", "tokens", "history": [[step, loss, *agreements], ...]}``.
 
-    ``key`` names the module in the state file; ``step()`` does one optimizer step (the
-    learning rate already set) and ``write()`` writes the result (the trained module) to
+    ``key`` names the module in the state file; ``step()`` draws a batch and returns its loss
+    (the loop back-propagates it, clips the gradient of the module's trainable parameters to
+    ``cfg.grad_clip`` and steps ``opt``); ``write()`` writes the result (the trained module) to
     ``cfg.out``."""
     state: dict = {"step": 0, "elapsed": 0.0, "tokens": 0, "history": []}
     state_path = cfg.work_dir / "state.pt"
@@ -148,6 +150,7 @@ def run_training(cfg: Any, module: torch.nn.Module, key: str, opt: torch.optim.O
         os.replace(tmp, state_path)
         write()
 
+    params = [p for p in module.parameters() if p.requires_grad]
     budget_s = 60.0 * cfg.minutes if cfg.minutes else float("inf")
     max_steps = cfg.steps or (1 << 62)
     bar = progress_bar(label, "steps" if cfg.steps else "s", progress)
@@ -157,7 +160,12 @@ def run_training(cfg: Any, module: torch.nn.Module, key: str, opt: torch.optim.O
         while state["step"] < max_steps and state["elapsed"] < budget_s:
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(cfg, state["step"], max(state["step"] / max_steps, state["elapsed"] / budget_s))
-            loss, agree = step()
+            loss_t, agree = step()
+            loss_t.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_t.item()
             state["step"] += 1
             state["tokens"] += tokens_per_step
             state["elapsed"] = seg_elapsed + time.time() - seg_start
@@ -169,6 +177,12 @@ def run_training(cfg: Any, module: torch.nn.Module, key: str, opt: torch.optim.O
                 last_save = time.time()
     save()
     return state
+
+
+def sample_windows(stream: torch.Tensor, window: int, batch: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """``[batch, window]`` token windows of ``stream`` at starts drawn from ``gen``."""
+    starts = torch.randint(0, len(stream) - window, (batch,), generator=gen)
+    return torch.stack([stream[s : s + window] for s in starts.tolist()]).to(device)
 
 
 def recent_means(history: list[list[float]], columns: int, last: int = 50) -> tuple[float, list[float]]:
