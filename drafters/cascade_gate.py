@@ -23,7 +23,8 @@ timings the trees depend on the machine: replay is at best ``"approximate"``.
 from __future__ import annotations
 
 import bisect
-import time
+
+from specframe.clock import Clock, wall_clock
 
 #: Lower edges of the confidence bins: the first bin, below 1e-4, holds "no candidate at all"
 #: (the n-gram and suffix drafters' fallback row claims 1e-6).
@@ -45,7 +46,9 @@ class CascadeGate:
     """Per (later part, confidence bin): decayed tokens and seconds of steps that asked the part
     and of steps that did not, and the choice between them (module docstring)."""
 
-    def __init__(self, later_parts: int) -> None:
+    def __init__(self, later_parts: int, clock: Clock = wall_clock) -> None:
+        #: Where step seconds come from (a TickClock under the conformance suite).
+        self.clock = clock
         cells = later_parts * (len(BIN_EDGES) + 1)
         self.tokens = [[0.0, 0.0] for _ in range(cells)]     # [skipped, asked]
         self.seconds = [[0.0, 0.0] for _ in range(cells)]
@@ -78,11 +81,11 @@ class CascadeGate:
 
     def start(self) -> None:
         """A generation begins: its first step is timed from here; no decision is pending."""
-        self._mark, self._step = time.perf_counter(), []
+        self._mark, self._step = self.clock(), []
 
     def settle(self, emitted: int) -> None:
         """A step committed ``emitted`` tokens: fold its tokens and seconds into the cells it decided."""
-        now = time.perf_counter()
+        now = self.clock()
         if self._mark is not None:
             seconds = now - self._mark
             for cell, asked in self._step:

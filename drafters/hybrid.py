@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -247,6 +247,7 @@ class HybridDrafter(Drafter):
         self.needs_target_logits = any(getattr(p, "needs_target_logits", False) for p in self.parts)
         self.needs_prompt_logits = any(wants_prompt_logits(p) for p in self.parts)
         self.persistent_state = any(getattr(p, "persistent_state", False) for p in self.parts)
+        self.uses_clock = any(getattr(p, "uses_clock", False) for p in self.parts)
         self.replay = max((getattr(p, "replay", "unsupported") for p in self.parts), key=_replay_rank)
         # One part has nothing to be calibrated against: its weight is 1 under either rule.
         self.calibrated = options.score == "calibrated" and len(self.parts) > 1
@@ -261,6 +262,7 @@ class HybridDrafter(Drafter):
         self.gate = CascadeGate(len(self.parts) - 1) if self.cascade and options.threshold == AUTO else None
         if self.gate is not None:
             self.persistent_state = True
+            self.uses_clock = True
             self.replay = max(self.replay, "approximate", key=_replay_rank)
         self._active: list[Drafter] | None = None  # this step's parts (cascade), chosen at its first call
         #: Steps each part was asked in (cascade: what the threshold saved).
@@ -303,6 +305,13 @@ class HybridDrafter(Drafter):
         if self.gate is not None:
             self.gate.settle(len(tokens))
         self._active = None
+
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """The gate and every part read ``clock`` from now on."""
+        if self.gate is not None:
+            self.gate.clock = clock
+        for part in self.parts:
+            part.set_clock(clock)
 
     @staticmethod
     def _inputs(part: Drafter, hidden: Any, logits: torch.Tensor | None) -> dict[str, Any]:

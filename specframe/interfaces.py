@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
@@ -59,6 +59,11 @@ class Drafter(ABC):
     #: tree nodes). None = undeclared: replay refuses the drafter. May be a property on the
     #: instance (a composite takes its weakest part). See docs/replay.md.
     replay: ClassVar[str | None] = None
+    #: True for a drafter whose trees depend on measured time (the cascade's ``"auto"`` gate):
+    #: it reads :attr:`specframe.clock.wall_clock` unless :meth:`set_clock` gives it another,
+    #: and the conformance suite gives it a :class:`specframe.clock.TickClock` so that two
+    #: instances fed the same calls decide alike. May be set per instance.
+    uses_clock: ClassVar[bool] = False
     #: Drafters that learn from the target's predictions (Token Recycling) set this: the engine
     #: then passes ``target_logits=`` to ``begin`` (the prefill's ``[L-1, V]`` logits over
     #: ``prompt_ids[:-1]``, None for a one-token prompt) and to ``commit`` (the ``[len(tree), V]``
@@ -145,6 +150,10 @@ class Drafter(ABC):
         A drafter with ``needs_target_logits`` also takes ``target_logits=``: the verifier's
         ``[len(tree), V]`` logits (row i: the target's prediction after node i), on the device.
         """
+
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """Read ``clock`` (seconds) instead of the wall clock from now on. Only drafters with
+        ``uses_clock`` read one; the default ignores it."""
 
     def finish(self, output_ids: torch.Tensor) -> None:
         """A generation ended: ``output_ids`` (``[T]`` long, on the CPU) are exactly the tokens

@@ -100,7 +100,7 @@ def test_bad_cascade_options_name_the_option(values, option):
 
 
 class FakeClock:
-    """perf_counter for the gate: each step lasts what the test says."""
+    """The gate's clock: each step lasts what the test says."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -121,13 +121,11 @@ def run_gate(gate, clock, steps: int, probability: float, outcome) -> list[bool]
     return choices
 
 
-def test_the_auto_gate_asks_where_asking_pays_and_explores(monkeypatch):
-    from specframe.drafters import cascade_gate
+def test_the_auto_gate_asks_where_asking_pays_and_explores():
     from specframe.drafters.cascade_gate import EXPLORE, WARM, CascadeGate
 
     clock = FakeClock()
-    monkeypatch.setattr(cascade_gate.time, "perf_counter", clock)
-    gate = CascadeGate(1)
+    gate = CascadeGate(1, clock=clock)
     gate.start()
     # Unsure copy (bin of 0.1): the head doubles the tokens for 1.5x the time -> ask.
     pays = run_gate(gate, clock, 40, 0.1, lambda asked: (4, 0.03) if asked else (2, 0.02))
@@ -172,3 +170,29 @@ class TestCascadeAutoConformance(DrafterConformance):
     def make_drafter(self, target: TargetModel):
         parts = [make_plugin("drafters", "ngram", target), default_drafter("model", target)]
         return HybridDrafter.from_parts(parts, target, mode="cascade", threshold="auto")
+
+
+def test_set_clock_reaches_the_auto_gate_and_two_instances_then_decide_alike():
+    """The cascade's "auto" gate reads the clock the hybrid is given (``uses_clock``): under
+    one TickClock each, two instances fed the same generations draw the same trees, which the
+    wall clock does not promise."""
+    from specframe.clock import TickClock
+
+    target = TargetModel(tiny_target())
+
+    def steps() -> list[int]:
+        parts = [make_plugin("drafters", "ngram", target), default_drafter("model", target)]
+        drafter = HybridDrafter.from_parts(parts, target, mode="cascade", threshold="auto")
+        assert drafter.uses_clock
+        clock = TickClock()
+        drafter.set_clock(clock)
+        dec = SpecDecoder.build(target=target, drafter=drafter, policy=("chain", {"gamma": 3}), verifier="greedy")
+        sizes = []
+        for prompt in ([5, 17, 9, 33], [5, 17, 9, 2], [11, 3, 3, 28]):
+            sizes += [s.tree_size for s in dec.generate(prompt, max_new_tokens=12, eos_token_id=None).steps]
+        assert clock.readings > 0, "the gate never read the clock it was given"
+        return sizes
+
+    assert steps() == steps()
+    fixed = HybridDrafter.from_parts([make_plugin("drafters", "ngram", target)], target, mode="cascade", threshold=0.5)
+    assert not fixed.uses_clock

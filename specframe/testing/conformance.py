@@ -41,6 +41,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from specframe.clock import TickClock
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from specframe.options import takes_options
@@ -333,11 +334,20 @@ class DrafterConformance(_Conformance):
     def _target(self) -> TargetModel:
         return TargetModel(fx.tiny_target())
 
+    def _drafter(self, target: TargetModel) -> Drafter:
+        """:meth:`make_drafter`, reading a :class:`~specframe.clock.TickClock` if it reads a
+        clock (``uses_clock``): every property compares instances fed the same calls, and
+        wall-clock decisions would differ between them by the machine's timing alone."""
+        drafter = self.make_drafter(target)
+        if getattr(drafter, "uses_clock", False):
+            drafter.set_clock(TickClock())
+        return drafter
+
     def make_seasoned_drafter(self, target: TargetModel) -> Drafter:
         """:meth:`make_drafter`, and for a drafter that keeps state across requests
         (``persistent_state``) two earlier generations run through the engine first, so the
         properties that use it hold for a drafter whose state is filled, not only a fresh one."""
-        drafter = self.make_drafter(target)
+        drafter = self._drafter(target)
         if getattr(drafter, "persistent_state", False):
             dec = SpecDecoder(target, drafter, make_plugin("policies", ("chain", {"gamma": 3})),
                               make_plugin("verifiers", "greedy"), strict=True)
@@ -396,7 +406,7 @@ class DrafterConformance(_Conformance):
         """Reference: a fresh drafter (or a copy of ``snapshot``, the drafter under test as the
         step began) expands ``path`` as a chain, one node per expand."""
         if snapshot is None:
-            drafter = self.make_drafter(target)
+            drafter = self._drafter(target)
             begin_generation(drafter, target, committed)
         else:
             drafter = copy.deepcopy(snapshot)
@@ -457,7 +467,7 @@ class DrafterConformance(_Conformance):
         (float64) under each of ``policies``, stopping exactly at EOS and max_new_tokens."""
         policy = data.draw(st.sampled_from(self.policies), label="policy")
         target = self._target()
-        dec = SpecDecoder.build(target=target, drafter=self.make_drafter(target), policy=policy, verifier="greedy",
+        dec = SpecDecoder.build(target=target, drafter=self._drafter(target), policy=policy, verifier="greedy",
                                 strict=True)
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
         check_output(out, greedy_reference(target.model, prompt, max_new, eos), max_new, eos, f"policy {policy}")
@@ -475,7 +485,7 @@ class DrafterConformance(_Conformance):
 
         def decoder() -> SpecDecoder:
             target = self._target()
-            return SpecDecoder.build(target=target, drafter=self.make_drafter(target), policy=self.policies[0],
+            return SpecDecoder.build(target=target, drafter=self._drafter(target), policy=self.policies[0],
                                      strict=True)
 
         def run(dec: SpecDecoder, prompt: list[int]) -> tuple[list[int], list[int]]:
