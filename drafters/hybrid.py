@@ -58,6 +58,7 @@ import torch
 from specframe.interfaces import Drafter, wants_prompt_logits
 from specframe.options import OptionError, build_options, require
 from specframe.plugins import get_registry
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 from .cascade_gate import CascadeGate
@@ -109,11 +110,12 @@ class HybridDrafterOptions:
     """
 
     drafters: list = field(default_factory=lambda: ["ngram", "recycle"])
-    score: str = "max"
-    calibration_prior: float = 1.0
-    calibration_decay: float = 0.95
-    mode: str = "merge"
-    threshold: float | str = 0.5
+    # A cascade takes score = "max", so score is drawn only for a merge.
+    score: str = tunable("max", choices=SCORES, when={"mode": "merge"})
+    calibration_prior: float = tunable(1.0, low=0.1, high=10.0, log=True, when={"score": "calibrated"})
+    calibration_decay: float = tunable(0.95, low=0.5, high=1.0, when={"score": "calibrated"})
+    mode: str = tunable("merge", choices=MODES)
+    threshold: float | str = tunable(0.5, low=0.0, high=1.0, when={"mode": "cascade"})
 
     def __post_init__(self) -> None:
         require(isinstance(self.drafters, (list, tuple)) and len(self.drafters) >= 1, "drafters",

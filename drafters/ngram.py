@@ -43,6 +43,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
@@ -61,9 +62,10 @@ class NgramDrafterOptions:
             (every other entry of that row is ``-inf``).
     """
 
-    max_ngram: int = 3
-    min_ngram: int = 1
-    decay: float = 1.0
+    # Disjoint ranges keep every drawn pair valid (max_ngram >= min_ngram).
+    max_ngram: int = tunable(3, low=2, high=6)
+    min_ngram: int = tunable(1, low=1, high=2)
+    decay: float = tunable(1.0, low=0.5, high=1.0)
     fallback_prob: float = 1e-6
 
     def __post_init__(self) -> None:

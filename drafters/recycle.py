@@ -34,6 +34,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 
@@ -51,10 +52,10 @@ class RecycleDrafterOptions:
             tokens of SmolLM2 on a 2-core CPU), keeping only what verification writes.
     """
 
-    k: int = 8
-    cold_start: bool = False
+    k: int = tunable(8, low=2, high=16)
+    cold_start: bool = tunable(False, choices=(False, True))
     fallback_prob: float = 1e-6
-    prompt_rows: bool = True
+    prompt_rows: bool = tunable(True, choices=(True, False))
 
     def __post_init__(self) -> None:
         require(isinstance(self.k, int) and self.k >= 1, "k", f"must be an int >= 1, got {self.k!r}")

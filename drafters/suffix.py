@@ -47,6 +47,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
@@ -73,13 +74,14 @@ class SuffixDrafterOptions:
             third structure, matched and weighed like the other two (REST's retrieval).
     """
 
-    max_depth: int = 24
-    max_match: int = 16
-    min_match: int = 1
-    max_spec_factor: float = 1.0
-    min_token_prob: float = 0.1
-    global_tree: bool = True
-    max_cached_requests: int = 64
+    # Disjoint ranges keep every drawn pair valid (max_match >= min_match).
+    max_depth: int = tunable(24, low=4, high=32)
+    max_match: int = tunable(16, low=4, high=32)
+    min_match: int = tunable(1, low=1, high=4)
+    max_spec_factor: float = tunable(1.0, low=0.25, high=4.0, log=True)
+    min_token_prob: float = tunable(0.1, low=0.0, high=0.5)
+    global_tree: bool = tunable(True, choices=(True, False))
+    max_cached_requests: int = tunable(64, low=4, high=256, log=True, when={"global_tree": True})
     fallback_prob: float = 1e-6
     datastore: str | None = None
 

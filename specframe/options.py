@@ -12,6 +12,8 @@ import typing
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
+from specframe.search_space import tunable
+
 
 class OptionError(ValueError):
     """An option is unknown, ill-typed or out of range; the message names it."""
@@ -36,7 +38,7 @@ class BudgetOptions:
             drafted nodes; EAGLE's ``total_token``).
     """
 
-    budget: int = 60
+    budget: int = tunable(60, low=2, high=64, log=True)
 
     def __post_init__(self) -> None:
         require(isinstance(self.budget, int) and self.budget >= 2, "budget",

@@ -19,6 +19,7 @@ import torch
 
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.sampled_children import draft_distribution, rank_in_row, sample_iid, session_generator
 from specframe.sizing import AUTO, AutoSizedPolicy, Growth, check_size_option
 from specframe.tree import DraftTree
@@ -49,11 +50,12 @@ class ChainOptions:
             None uses torch's global generator.
     """
 
-    gamma: int | str = 4
-    schedule: str = "constant"
-    max_gamma: int = 32
-    confidence_stop: bool = False
-    confidence_threshold: float = 0.4
+    gamma: int | str = tunable(4, low=1, high=12)
+    schedule: str = tunable("constant", choices=SCHEDULES)
+    # Its low end is gamma's high end, so every drawn pair satisfies max_gamma >= gamma.
+    max_gamma: int = tunable(32, low=12, high=48, when={"schedule": "heuristic"})
+    confidence_stop: bool = tunable(False, choices=(False, True))
+    confidence_threshold: float = tunable(0.4, low=0.05, high=0.95, when={"confidence_stop": True})
     sample: bool = False
     seed: int | None = None
 

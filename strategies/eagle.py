@@ -20,6 +20,7 @@ import torch
 from specframe.building import append_children, child_scores, select_top
 from specframe.interfaces import DraftSession
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import top_indices
 from specframe.sizing import AutoBudgetOptions, AutoSizedPolicy, Growth, auto_top_k
 from specframe.tree import DraftTree
@@ -39,8 +40,8 @@ class EagleOptions(AutoBudgetOptions):
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    top_k: int = 10
-    depth: int = 7
+    top_k: int = tunable(10, low=1, high=16)
+    depth: int = tunable(7, low=1, high=10)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -20,6 +20,7 @@ import torch
 from specframe.building import append_children, child_scores, select_top
 from specframe.interfaces import DraftSession
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import top_indices
 from specframe.sizing import AutoBudgetOptions, AutoSizedPolicy, Growth
 from specframe.tree import DraftTree
@@ -39,8 +40,8 @@ class OptTreeOptions(AutoBudgetOptions):
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    threshold: float = 0.5
-    max_depth: int = 10
+    threshold: float = tunable(0.5, low=0.0, high=1.0)
+    max_depth: int = tunable(10, low=1, high=12)
 
     def __post_init__(self) -> None:
         super().__post_init__()

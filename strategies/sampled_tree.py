@@ -25,6 +25,7 @@ from specframe.sampled_children import (
 )
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import BudgetOptions, require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 
@@ -42,9 +43,9 @@ class SampledTreeOptions(BudgetOptions):
             generator the engine passes per call takes precedence; None uses torch's global one.
     """
 
-    k: int = 2
-    depth: int = 4
-    replacement: bool = False
+    k: int = tunable(2, low=1, high=6)
+    depth: int = tunable(4, low=1, high=8)
+    replacement: bool = tunable(False, choices=(False, True))
     seed: int | None = None
 
     def __post_init__(self) -> None:

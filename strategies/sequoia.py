@@ -23,6 +23,7 @@ import numpy as np
 from specframe.building import RankPath, build_from_rank_paths
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import BudgetOptions, require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 #: Illustrative default acceptance vector (a decaying profile typical of a well-matched pair).
@@ -49,7 +50,7 @@ class SequoiaOptions(BudgetOptions):
     """
 
     acceptance: tuple = DEFAULT_ACCEPTANCE
-    max_depth: int = 12
+    max_depth: int = tunable(12, low=1, high=16)
     draft_time: float = 0.0
     target_times: tuple = field(default_factory=tuple)
 

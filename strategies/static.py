@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from specframe.building import RankPath, build_from_rank_paths, validate_rank_paths
 from specframe.interfaces import DraftSession, TreePolicy
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 #: EAGLE-1's ``mc_sim_7b_63`` (SafeAILab/EAGLE, eagle/model/choices.py): 25 drafted nodes,
@@ -38,7 +39,8 @@ class StaticOptions:
             keeps the first paths in (length, path) order.
     """
 
-    choices: tuple | str = "mc_sim_7b_63"
+    # The presets are the space: a list of rank paths is a tree to design, not a number to tune.
+    choices: tuple | str = tunable("mc_sim_7b_63", choices=tuple(sorted(PRESETS)))
 
     def __post_init__(self) -> None:
         if isinstance(self.choices, str):

@@ -22,6 +22,7 @@ import torch
 from specframe.building import append_children, child_scores
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import top_indices
 from specframe.sizing import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, Growth, MuBandit
 from specframe.tree import DraftTree
@@ -46,9 +47,9 @@ class TalonOptions(AutoBudgetOptions):
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    mu: float | str = 0.03
-    top_k: int = 10
-    init_layers: int = 1
+    mu: float | str = tunable(0.03, low=0.003, high=1.0, log=True)
+    top_k: int = tunable(10, low=1, high=16)
+    init_layers: int = tunable(1, low=0, high=3)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 from specframe.verifiers.typical import LossyVerifier, check_temperature
 
@@ -59,7 +60,7 @@ class MarginOptions:
             temperature > 0); a generator passed by the engine takes precedence.
     """
 
-    ratio: float = 0.5
+    ratio: float = tunable(0.5, low=0.1, high=1.0)
     temperature: float = 0.0
     seed: int | None = None
 

@@ -58,6 +58,7 @@ import torch
 from specframe import rng
 from specframe.interfaces import Verifier
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 from specframe.verifiers.sampling import _deepest_accepted, inverse_cdf, warp_logits
 
@@ -78,8 +79,8 @@ class TypicalOptions:
             passed by the engine takes precedence.
     """
 
-    epsilon: float = 0.09
-    delta: float = 0.3
+    epsilon: float = tunable(0.09, low=0.01, high=1.0, log=True)
+    delta: float = tunable(0.3, low=0.0, high=1.0)
     temperature: float = 1.0
     seed: int | None = None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from specframe.interfaces import DraftSession, StepStats, TreePolicy
 from specframe.options import BudgetOptions, require
+from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
 from specframe.sizing.growth import Growth
@@ -49,7 +50,8 @@ class AutoBudgetOptions(BudgetOptions):
         max_budget: the largest tree ``budget="auto"`` may build.
     """
 
-    budget: int | str = 60
+    # The search draws fixed sizes; "auto" stays what an arm may give.
+    budget: int | str = tunable(60, low=2, high=64, log=True)
     max_budget: int = 64
 
     def __post_init__(self) -> None:
