@@ -22,21 +22,34 @@ MAX_NEW = 10
 EOS = 17  # a token the tiny target emits, so some prompts stop early
 
 
+#: The acceptance vector sequoia is recorded with (specframe.testing.fixtures.SEQUOIA_TEST_ACCEPTANCE).
+SEQUOIA_ACCEPTANCE = [0.55, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01]
+#: The distribution whose plugins are recorded: only the built-ins, so the file never names a
+#: plugin that happened to be installed where it was written.
+BUILTIN_DIST = "specframe"
+
+
 def policy_spec(name: str) -> object:
     """The fixed-budget options tests/test_batch.py decodes each policy with."""
-    if name in ("chain", "static", "sequoia"):
+    if name in ("chain", "static"):
         return name
+    if name == "sequoia":
+        return (name, {"acceptance": SEQUOIA_ACCEPTANCE})
     if name == "sampled-tree":
         return (name, {"budget": 6, "seed": 0})
     return (name, {"budget": 6})
 
 
+def builtin_names(kind: str) -> list[str]:
+    """The names of the built-in plugins of ``kind`` (registered by the specframe distribution)."""
+    return sorted(info.name for info in specframe.get_registry().infos(kind) if info.dist == BUILTIN_DIST)
+
+
 def record() -> dict:
     """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]``."""
-    registry = specframe.get_registry()
     out = {}
-    for policy in registry.names("policies"):
-        for drafter in registry.names("drafters"):
+    for policy in builtin_names("policies"):
+        for drafter in builtin_names("drafters"):
             runs = []
             for prompt in PROMPTS:
                 target = specframe.TargetModel(tiny_target())

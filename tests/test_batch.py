@@ -99,11 +99,26 @@ def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, pro
 
 
 #: Step shapes of one-sequence decoding, every built-in policy x drafter, as the engine decided
-#: them before its step served batches too (scripts/record_b1_steps.py, at commit b6413b4).
+#: them before its step served batches too (scripts/record_b1_steps.py, at commit b6413b4; the
+#: medusa drafter's pairs, which came later, by the engine of commit b1e7801).
 B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("pair", sorted(B1_STEPS["runs"]))
+def builtin_names(kind: str) -> list[str]:
+    """Registered plugins of ``kind`` that ship with specframe (not ones installed beside it)."""
+    return sorted(info.name for info in get_registry().infos(kind) if info.dist == "specframe")
+
+
+BUILTIN_PAIRS = [f"{p} x {d}" for p in builtin_names("policies") for d in builtin_names("drafters")]
+
+
+def test_the_recording_holds_exactly_the_builtin_pairs():
+    """Every built-in pair is pinned, and nothing else: a pair of a plugin installed only where
+    the file was written would fail on every other machine."""
+    assert sorted(B1_STEPS["runs"]) == BUILTIN_PAIRS, "re-record: python scripts/record_b1_steps.py"
+
+
+@pytest.mark.parametrize("pair", BUILTIN_PAIRS)
 def test_one_sequence_takes_the_recorded_steps(pair):
     policy, drafter = pair.split(" x ")
     for prompt, want in zip(B1_STEPS["prompts"], B1_STEPS["runs"][pair]):
