@@ -45,6 +45,8 @@ from specframe.clock import TickClock
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier
 from specframe.options import takes_options
+from specframe.plugins import get_registry
+from specframe.search_space import search_space
 from specframe.selection import topk_per_row
 from specframe.sizing import AutoSizedPolicy
 from specframe.decode.read import read_step
@@ -59,7 +61,7 @@ from specframe.testing.harness import (
 )
 from specframe.testing.reference import decide, greedy_walk, read_verdict
 from specframe.testing.profiles import profile_examples
-from specframe.testing.strategies import draft_trees, prompts
+from specframe.testing.strategies import draft_trees, prompts, search_points
 from specframe.testing.synthetic import SyntheticDrafter, make_session, synthetic_drafters
 
 __all__ = [
@@ -96,6 +98,25 @@ def _split(spec: Any, owner: type, attr: str = "plugin") -> Any:
         f"{owner.__name__}.{attr} must be a registered name or (name, {{options}}), got {spec!r}; "
         f"set e.g. `{attr} = \"my-plugin\"` on the class"
     )
+
+
+_NOUN = {"policies": "policy", "drafters": "drafter", "verifiers": "verifier"}
+
+
+def declared_point(kind: str, spec: Any, owner: type, data: Any) -> tuple[str, dict, dict]:
+    """``(name, options, point)``: a point drawn (Hypothesis ``data``) from the search space the
+    plugin ``spec`` declares on its options (:mod:`specframe.search_space`), laid over the
+    spec's own options; each drawn value must lie in its dimension. A plugin that declares no
+    tunable option skips the property, saying so."""
+    spec = _split(spec, owner)
+    name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+    space = search_space(getattr(get_registry().get(kind, name), "Options", None))
+    if not space:
+        pytest.skip(f"{_NOUN[kind]} {name!r} declares no search space (no tunable option)")
+    point = data.draw(search_points(get_registry().get(kind, name).Options, options), label="point")
+    outside = {k: v for k, v in point.items() if not space[k].contains(v)}
+    assert not outside, f"drawn values {outside} lie outside their declared dimensions"
+    return name, {**options, **point}, point
 
 
 class _Conformance:
@@ -284,6 +305,19 @@ class TreePolicyConformance(_Conformance):
         assert out.tokens == greedy_reference(target, prompt, 16, None)
         assert out.tau > 1.0, f"the close draft was never accepted (tau={out.tau:.2f})"
 
+    @MODEL
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
+    def test_declared_space_decodes_losslessly(self, prompt, max_new, data):
+        """Every point of the policy's declared search space (``specframe tune`` searches it)
+        builds valid options and, with a close ``model`` draft and greedy verification, decodes
+        exactly as ``model.generate(do_sample=False)`` (float64)."""
+        name, options, point = declared_point("policies", self.plugin, type(self), data)
+        target = fx.tiny_target()
+        dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
+                                policy=(name, options), verifier="greedy", strict=True)
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0)
+        check_output(out, greedy_reference(target, prompt, max_new, None), max_new, None, f"point {point}")
+
 
 
 def _verified_at_random(tree: DraftTree, rng: torch.Generator) -> StepStats:
@@ -471,6 +505,23 @@ class DrafterConformance(_Conformance):
                                 strict=True)
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
         check_output(out, greedy_reference(target.model, prompt, max_new, eos), max_new, eos, f"policy {policy}")
+
+    @MODEL
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
+    def test_declared_space_decodes_losslessly(self, prompt, max_new, data):
+        """Every point of the drafter's declared search space (``specframe tune`` searches it)
+        builds a valid drafter that, under each of ``policies`` with greedy verification,
+        decodes exactly as ``model.generate(do_sample=False)`` (float64)."""
+        name, options, point = declared_point("drafters", self.plugin, type(self), data)
+        policy = data.draw(st.sampled_from(self.policies), label="policy")
+        target = self._target()
+        drafter = make_plugin("drafters", (name, options), target)
+        if getattr(drafter, "uses_clock", False):
+            drafter.set_clock(TickClock())
+        dec = SpecDecoder.build(target=target, drafter=drafter, policy=policy, verifier="greedy", strict=True)
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0)
+        check_output(out, greedy_reference(target.model, prompt, max_new, None), max_new, None,
+                     f"policy {policy}, point {point}")
 
     def test_begin_forgets_earlier_generations(self):
         """Generating A, then B, then A again on one decoder repeats A exactly (tokens and tree
@@ -739,6 +790,25 @@ class VerifierConformance(_Conformance):
         views: list = []
         out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0, on_step=views.append)
         check_root_path_steps(out, views, dec.policy.max_budget, VOCAB, max_new, eos)
+
+
+    @MODEL
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
+    def test_declared_space_decodes(self, prompt, max_new, data):
+        """Every point of the verifier's declared search space (``specframe tune`` searches it)
+        builds a valid verifier that decodes in the engine: exactly as greedy decoding when it is
+        lossless and not sampling, else within the invariants of
+        :meth:`test_generation_emits_root_paths_within_budget` (a lossy rule trades that)."""
+        name, options, point = declared_point("verifiers", self.plugin, type(self), data)
+        verifier = make_plugin("verifiers", (name, options))
+        target = fx.tiny_target()
+        dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
+                                policy=self.engine_policy, verifier=verifier, strict=True)
+        views: list = []
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0, on_step=views.append)
+        if getattr(verifier, "lossless", True) and not getattr(verifier, "sampling", False):
+            check_output(out, greedy_reference(target, prompt, max_new, None), max_new, None, f"point {point}")
+        check_root_path_steps(out, views, dec.policy.max_budget, VOCAB, max_new, None)
 
 
 def check_root_path_steps(out: Any, views: list, budget: int, vocab: int, max_new: int, eos: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from specframe.search_space import Dimension
 from specframe.tree import DraftTree
 
 
@@ -39,3 +40,23 @@ def draft_trees(draw, max_nodes: int = 64, vocab_size: int = 64, max_children: i
 def prompts(vocab_size: int = 64, min_len: int = 1, max_len: int = 64):
     """Prompt token-id lists (ids 2.. so that the tiny models' bos/eos ids stay special)."""
     return st.lists(st.integers(2, vocab_size - 1), min_size=min_len, max_size=max_len)
+
+
+def dimension_values(dim: Dimension):
+    """Values of one declared search dimension (:mod:`specframe.search_space`): its choices, or
+    its range (ends included; an int range on its step)."""
+    if dim.kind == "choice":
+        return st.sampled_from(dim.choices)
+    if dim.kind == "int":
+        low, high = int(dim.low), int(dim.high)
+        return st.integers(0, (high - low) // dim.step).map(lambda k: low + k * dim.step)
+    return st.floats(float(dim.low), float(dim.high), allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def search_points(draw, options_cls: type, base: dict | None = None) -> dict:
+    """One point of the search space ``options_cls`` declares: ``{option: value}`` for every
+    dimension whose conditions hold (read from the point, else ``base``)."""
+    from specframe.search_space import draw_point, search_space
+
+    return draw_point(search_space(options_cls), lambda dim: draw(dimension_values(dim), label=dim.name), base)
