@@ -234,11 +234,9 @@ def _tokenizer(name: str) -> tuple[Callable[[str], list[int]], int]:
     if name == "bytes" or name.startswith("bytes:"):
         vocab = int(name.partition(":")[2] or 256)
         return (lambda text: [b % vocab for b in text.encode("utf-8")]), vocab
-    from transformers import AutoTokenizer
+    from specframe.models.tokenizer import load_tokenizer
 
-    from specframe.models.assets import resolve_model_path
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    tok = load_tokenizer(name)
     return (lambda text: tok(text, add_special_tokens=False)["input_ids"]), len(tok)
 
 

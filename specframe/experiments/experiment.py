@@ -31,6 +31,7 @@ from specframe.options import build_options
 from specframe.experiments.runlock import DirectoryInUseError, RunLock
 from specframe.experiments.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, answer_key, read_answers, steps_columns
 from specframe.experiments.runs.runfile import question_digest
+from specframe.experiments.tokentext import TokenText
 
 RecordHook = Callable[[str, dict], None]
 #: How the run treats drafters that keep state across requests (``persistent_state``), in run.json
@@ -133,12 +134,10 @@ def load_tokenizer(config: ExperimentConfig) -> Any:
     name = spec.tokenizer
     if name == BYTES_TOKENIZER or (name is None and spec.is_random):
         return ByteTokenizer(int(spec.random.get("vocab_size", 64)))
-    from transformers import AutoTokenizer
-
-    from specframe.models.assets import resolve_model_path
+    from specframe.models.tokenizer import load_tokenizer as load_named
 
     try:
-        return AutoTokenizer.from_pretrained(resolve_model_path(name or spec.model))
+        return load_named(name or spec.model)
     except Exception as err:
         raise ContextError(f"cannot load the tokenizer {name or spec.model!r}: {one_line(err)}", "[target]",
                            "set [target] tokenizer to a directory holding the target's tokenizer; " + MODEL_FIX,
@@ -271,26 +270,59 @@ def _build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: Experime
 
 
 # ---------------------------------------------------------------------- records
-def _pick_trees(trees: list, k: int) -> list[dict]:
-    """``k`` of the steps' :class:`~specframe.decode.engine.StepView` s spread over the generation, as
-    plain data (tokens/parents/depths/ranks, and the accepted node indices, root first)."""
-    if k <= 0 or not trees:
+def _pick_trees(trees: list, k: int | None, text: TokenText | None = None, max_budget: int | None = None) -> list[dict]:
+    """``k`` of the steps' :class:`~specframe.decode.engine.StepView` s spread over the generation
+    (``None``: every step), as plain data: see :func:`tree_record`."""
+    if not trees or (k is not None and k <= 0):
         return []
-    idx = sorted({int(round((i + 1) * len(trees) / (k + 1))) - 1 for i in range(k)})
-    out = []
-    for i in idx:
-        view = trees[max(0, i)]
-        tree = view.tree
-        out.append({"step": max(0, i), "tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
-                    "depths": tree.depths.tolist(), "ranks": tree.ranks.tolist(), "accepted": view.path})
+    if k is None:
+        idx = list(range(len(trees)))
+    else:
+        idx = sorted({max(0, int(round((i + 1) * len(trees) / (k + 1))) - 1) for i in range(k)})
+    return [tree_record(trees[i], i, text, max_budget) for i in idx]
+
+
+def tree_record(view: Any, step: int, text: TokenText | None = None, max_budget: int | None = None) -> dict:
+    """One verified step's tree as plain data: its step index (over all turns), tokens, parents,
+    depths, ranks, cumulative draft log-probabilities ``logp``, the accepted node indices (root
+    first), with ``text`` each node's decoded token and with ``max_budget`` the node budget the
+    policy was given (its largest tree less what the context cut, root included)."""
+    tree = view.tree
+    out = {"step": step, "tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
+           "depths": tree.depths.tolist(), "ranks": tree.ranks.tolist(),
+           "logp": [round(float(v), 5) for v in tree.logp.tolist()], "accepted": view.path}
+    if text is not None:
+        out["text"] = text.tokens(out["tokens"])
+    if max_budget is not None:
+        out["budget"] = int(max_budget) - int(getattr(view.stats, "budget_cut", 0))
     return out
 
 
+def root_confidence(tree: Any) -> float | None:
+    """The drafter's confidence at the root: the largest draft probability among the root's
+    children (None for a tree that is only its root)."""
+    first = tree.logp[tree.parents == 0]
+    return round(float(first.max().exp()), 5) if len(first) else None
+
+
+def policy_budget(runner: Any) -> int | None:
+    """The largest tree of a specframe arm's policy, root included (None for baselines)."""
+    policy = getattr(getattr(runner, "decoder", None), "policy", None)
+    try:
+        return int(policy.max_budget) if policy is not None else None
+    except Exception:  # a policy without a known largest tree: the record leaves the budget out
+        return None
+
+
 def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, greedy: bool,
-                turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int) -> AnswerRecord:
+                turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int,
+                text: TokenText | None = None, max_budget: int | None = None, explore: bool = False) -> AnswerRecord:
     """One answer in Spec-Bench's format plus per-step statistics.
 
-    ``turns``: per turn ``(prompt ids, output, wall seconds, decoded text)``.
+    ``turns``: per turn ``(prompt ids, output, wall seconds, decoded text)``. ``trees_k``: how
+    many steps' trees to keep. ``text``: decodes the kept trees' node tokens. ``explore``: an
+    explorer question's answer: every step's tree, and (with ``text``) each output token's text,
+    what trees.html reads.
     """
     outs = [t[1] for t in turns]
     steps = [s for o in outs for s in (o.steps or [])]
@@ -299,13 +331,18 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
                     wall_time=[round(t[2], 7) for t in turns],
                     accept_lengths=[a for o in outs for a in o.accept_lengths],
                     decoding_steps=[o.target_forwards for o in outs])
+    columns = steps_columns(steps)
+    if steps and len(trees) == len(steps):  # the shape plot's x: read after the clock stopped
+        columns["root_p"] = [root_confidence(v.tree) for v in trees]
     scored = all(o.nll is not None for o in outs)
     return AnswerRecord(
         question_id=question.question_id, category=question.category,
         answer_id=f"{arm.slug}/{question.question_id}/{repeat}", model_id=model_id, arm=arm.name,
         repeat=repeat, greedy=greedy, tstamp=time.time(), choice=choice,
         draft_forwards=[o.draft_forwards for o in outs], prompt_tokens=[len(t[0]) for t in turns],
-        output_ids=[o.tokens for o in outs], steps=steps_columns(steps), trees=_pick_trees(trees, trees_k),
+        output_ids=[o.tokens for o in outs], steps=columns,
+        trees=_pick_trees(trees, None if explore else trees_k, text, max_budget),
+        token_text=[text.pieces(o.tokens) for o in outs] if explore and text is not None else [],
         # per turn: the tokens' negative log-likelihood under the target (nats, summed)
         extra={"nll": [round(o.nll, 6) for o in outs]} if scored else {},
     )
@@ -356,6 +393,8 @@ class Experiment:
         self.progress = progress
         self.console = console
         self.fresh = fresh
+        # JSON question ids whose answers record every step's tree and token text (trees.html)
+        self._explored: set[str] = set()
 
     def run(self) -> RunOutcome:
         """Lock the output directory and compute every missing answer (not the report).
@@ -420,6 +459,11 @@ class Experiment:
             run_file.update(references={**run_file.read().get("references", {}), **references})
         overflowed = run_file.overflow_skipped_ids()
         questions = [q for q in questions if json.dumps(q.question_id) not in overflowed]
+        explored = questions[:cfg.output.explorer_questions]
+        self._explored = {json.dumps(q.question_id) for q in explored}
+        if explored:  # trees.html shows their prompts beside the answers
+            run_file.update(prompts={**run_file.read().get("prompts", {}),
+                                     **{json.dumps(q.question_id): q.turns for q in explored}})
         store = AnswerStore(self.out_dir)
         done = {arm.name: store.done(arm.name) for arm in cfg.arms}
         todo = [(r, q, a) for r in range(cfg.repeats) for q in questions for a in cfg.arms
@@ -735,9 +779,11 @@ class Experiment:
             wall = getattr(out, "projected_wall", wall)
             turns.append((prompt, out, wall, encoder.decode(out.tokens)))
             answers.append(out.tokens)
+        explore = repeat == 0 and json.dumps(q.question_id) in self._explored
         trees_k = self.config.output.trees_per_answer if repeat == 0 else 0
         model_id = f"{Path(self.config.target.model).name}-{arm.slug}"
-        return make_record(arm, q, repeat, model_id, runner.greedy, turns, trees_k)
+        return make_record(arm, q, repeat, model_id, runner.greedy, turns, trees_k, text=TokenText(encoder.tokenizer),
+                           max_budget=policy_budget(runner), explore=explore)
 
     def _progress(self, total: int, completed: int):
         return _ProgressBar(total, completed, enabled=self.progress, console=self.console)
