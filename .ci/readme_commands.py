@@ -1,0 +1,39 @@
+"""Print one of the README's two set-up commands, so CI runs what a new user copies.
+
+    python3 .ci/readme_commands.py setup   # installs what is needed and runs the demo
+    python3 .ci/readme_commands.py test    # runs the tests
+
+They are the first two ```bash blocks under the README's "## Set up" heading; anything else
+there is an error, so CI cannot drift from the page.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+WHICH = ("setup", "test")
+
+
+def readme_commands(text: str) -> dict[str, str]:
+    """``{"setup": ..., "test": ...}``: the one-line bash blocks that open the Set up section."""
+    section = text.split("\n## Set up", 1)
+    if len(section) != 2:
+        raise SystemExit("README.md has no '## Set up' section")
+    body = section[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", body, flags=re.S)
+    if len(blocks) < 2:
+        raise SystemExit(f"README.md's Set up section has {len(blocks)} bash blocks; it needs 2 (set-up, tests)")
+    commands = [block.strip() for block in blocks[:2]]
+    for which, command in zip(WHICH, commands):
+        if "\n" in command:
+            raise SystemExit(f"README.md's {which} command is not one line: {command!r}")
+    return dict(zip(WHICH, commands))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in WHICH:
+        raise SystemExit(f"usage: readme_commands.py {{{'|'.join(WHICH)}}}")
+    print(readme_commands(README.read_text(encoding="utf-8"))[sys.argv[1]])
