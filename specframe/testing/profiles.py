@@ -23,5 +23,8 @@ def register_profiles() -> None:
 
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     for name, examples in PROFILE_EXAMPLES.items():
-        settings.register_profile(name, max_examples=examples, **common)
+        # ci keeps no example database: what a run draws depends on the code, not on the
+        # failures an earlier run on the same machine saved under .hypothesis/.
+        database = {"database": None} if name == "ci" else {}
+        settings.register_profile(name, max_examples=examples, **common, **database)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
