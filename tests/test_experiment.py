@@ -53,6 +53,7 @@ path = "prompts.jsonl"
 [output]
 dir = "out"
 trees_per_answer = 2
+explorer_questions = 1
 """
 
 
@@ -150,7 +151,10 @@ def test_answer_records_round_trip_through_the_typed_record(full_run):
 def test_recorded_trees_match_their_steps(full_run):
     _, outcome = full_run
     for r in records(outcome.out_dir, "chain"):
-        assert 1 <= len(r["trees"]) <= 2
+        if r["question_id"] == 0:  # the explorer question: every step's tree
+            assert [t["step"] for t in r["trees"]] == list(range(len(r["steps"]["emitted"])))
+        else:
+            assert 1 <= len(r["trees"]) <= 2
         for t in r["trees"]:
             step = t["step"]
             assert len(t["tokens"]) == r["steps"]["tree_size"][step] == GAMMA + 1

@@ -176,9 +176,12 @@ class OutputConfig:
 
     dir: Path
     trees_per_answer: int = 2
+    #: The first questions (data-file order) whose every step's tree, with token text, is
+    #: recorded for trees.html; the others keep ``trees_per_answer`` trees.
+    explorer_questions: int = 3
 
     def __post_init__(self) -> None:
-        _at_least(self, trees_per_answer=0)
+        _at_least(self, trees_per_answer=0, explorer_questions=0)
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from specframe.experiments.metrics import step_points
+from specframe.experiments.tokentext import visible
 
 
 def _figure(width: float, height: float) -> Any:
@@ -209,29 +210,89 @@ def typical_trees(records: list[dict], k: int = 3) -> list[dict]:
     return [trees[i] for i in np.argsort(dist, kind="stable")[:k]]
 
 
+def node_label(data: dict, node: int, width: int = 10) -> str:
+    """A recorded tree node's label: its decoded text with whitespace visible (the token id
+    for records without text), at most ``width`` characters, safe from matplotlib's mathtext."""
+    texts = data.get("text")
+    label = visible(texts[node]) if texts else str(data["tokens"][node])
+    if len(label) > width:
+        label = label[: width - 1] + "\u2026"
+    return label.replace("$", r"\$")  # a $ pair would start mathtext
+
+
 def tree_drawings(run: dict, summary: dict, path: Path, k: int = 3) -> Path | None:
-    """A row of ``k`` typical trees per tree arm; accepted path highlighted."""
+    """A row of ``k`` typical trees per tree arm, nodes labelled with their decoded text (in a
+    large tree, the root and the accepted path only); accepted path highlighted."""
     import networkx as nx
 
     arms = [(a["name"], typical_trees(run["arms"][a["name"]], k)) for a in summary["arms"]]
     arms = [(n, t) for n, t in arms if t]
     if not arms:
         return None
-    fig = _figure(4.0 * k, 3.0 * len(arms))
+    fig = _figure(4.6 * k, 3.2 * len(arms))
     for i, (name, trees) in enumerate(arms):
         for j, data in enumerate(trees):
             ax = fig.add_subplot(len(arms), k, i * k + j + 1)
             graph = tree_graph(data)
             pos = tidy_layout(graph)
             colors = ["tab:green" if graph.nodes[n]["accepted"] else "tab:blue" for n in graph]
-            small = graph.number_of_nodes() > 25
-            nx.draw_networkx(graph, pos, ax=ax, node_size=25 if small else 120, node_color=colors,
-                             with_labels=not small, font_size=6, arrows=False, width=0.6,
-                             labels={n: graph.nodes[n]["token"] for n in graph})
+            small = graph.number_of_nodes() <= 16
+            nx.draw_networkx(graph, pos, ax=ax, node_size=40 if small else 14, node_color=colors,
+                             with_labels=False, arrows=False, width=0.6)
+            shown = [n for n in graph if small or n == 0 or graph.nodes[n]["accepted"]]
+            nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: node_label(data, n) for n in shown}, font_size=6,
+                                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
             ax.set_title(f"{name}: {graph.number_of_nodes()} nodes, depth {max(data['depths'])}, "
                          f"{len(data.get('accepted', [])) - 1} accepted", fontsize=8)
             ax.axis("off")
-    fig.suptitle("Typical draft trees (green: accepted path)")
+    fig.suptitle("Typical draft trees (green: accepted path; labels: decoded tokens, \u2423 = space, \u21b5 = newline)")
+    return _save(fig, path)
+
+
+def shape_points(records: list[dict]) -> np.ndarray:
+    """``[n, 3]``: per recorded step with a root confidence, (the drafter's top probability
+    at the root, tree depth, widest layer below the root)."""
+    rows = []
+    for r in records:
+        steps = r.get("steps") or {}
+        for p, depth, widths in zip(steps.get("root_p") or [], steps.get("depth", []), steps.get("widths", [])):
+            if p is not None:
+                rows.append((p, depth, max(widths[1:], default=0)))
+    return np.array(rows, dtype=float).reshape(-1, 3)
+
+
+def shape_vs_confidence(run: dict, summary: dict, path: Path, bins: int = 8) -> Path | None:
+    """TALON's figure, from this run: per tree arm, tree depth and widest layer against the
+    drafter's confidence at the root (each step a dot, the mean per confidence bin a line).
+    An adaptive policy goes deep and narrow where the drafter is sure, wide and shallow where
+    it is not; a fixed shape draws flat lines. None without recorded root confidences."""
+    colors = arm_colors(summary)
+    arms = [(a["name"], shape_points(run["arms"].get(a["name"], []))) for a in summary["arms"]]
+    arms = [(n, pts) for n, pts in arms if len(pts)]
+    if not arms:
+        return None
+    fig = _figure(12.0, 4.6)
+    axes = [fig.add_subplot(1, 2, k + 1) for k in range(2)]
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    rng = np.random.default_rng(0)  # jitter only spreads integer shapes apart; seeded, reproducible
+    for name, pts in arms:
+        color = colors[name]
+        which = np.clip(np.digitize(pts[:, 0], edges) - 1, 0, bins - 1)
+        for ax, col in ((axes[0], 1), (axes[1], 2)):
+            ax.scatter(pts[:, 0], pts[:, col] + rng.uniform(-0.15, 0.15, len(pts)), s=6, alpha=0.25, color=color)
+            used = [b for b in range(bins) if (which == b).any()]
+            means = [pts[which == b, col].mean() for b in used]
+            centres = [(edges[b] + edges[b + 1]) / 2 for b in used]
+            ax.plot(centres, means, marker="o", ms=4, lw=1.6, color=color, label=name)
+    for ax, label in ((axes[0], "tree depth"), (axes[1], "widest layer (nodes, below the root)")):
+        ax.set_xlim(0, 1)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("drafter's confidence at the root (top child's probability)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Depth vs root confidence (dots: steps; lines: bin means)", fontsize=10)
+    axes[1].set_title("Width vs root confidence", fontsize=10)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, path)
 
 
@@ -272,6 +333,8 @@ def make_plots(run: dict, summary: dict, plot_dir: str | Path) -> dict[str, Path
         "Acceptance funnel (depth x sibling rank)": funnel_heatmaps(summary, plot_dir / "funnel.png"),
         "delta vs tau": delta_tau_scatter(run, summary, plot_dir / "delta_tau.png"),
         "Tree depth and width distributions": shape_distributions(summary, plot_dir / "shapes.png"),
+        "Tree shape vs the drafter's confidence at the root": shape_vs_confidence(run, summary,
+                                                                                 plot_dir / "shape_confidence.png"),
         "Typical trees": tree_drawings(run, summary, plot_dir / "trees.png"),
         "Speedup vs NLL gap (lossy verifiers)": quality_pareto(summary, plot_dir / "quality_pareto.png"),
     }

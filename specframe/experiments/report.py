@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specframe.experiments.explorer import write_explorer
 from specframe.experiments.metrics import load_run, summarize
 from specframe.experiments.runs import RunDir, write_json
 
@@ -88,8 +89,8 @@ def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[st
     return lines
 
 
-def markdown(summary: dict, figures: dict[str, str]) -> str:
-    """The report text."""
+def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None) -> str:
+    """The report text; ``explorer``: the path of trees.html relative to the report, if written."""
     base = summary.get("baseline")
     acc, qual = with_accuracy(summary), with_quality(summary)
     cols = columns(summary)
@@ -114,6 +115,12 @@ def markdown(summary: dict, figures: dict[str, str]) -> str:
             lines += _md_table([row(a, a["categories"][cat], base, acc, qual) for a in summary["arms"]
                                 if cat in a["categories"]], cols)
     lines += notices(summary)
+    if explorer:
+        lines += ["", "## Draft trees, step by step", "",
+                  f"[{explorer}]({explorer}) (open it in a browser; it needs no network): each answer of the first "
+                  "questions cut into its steps; click a step to see its draft tree in decoded text, with the drafter's "
+                  "probabilities, the accepted path, the bonus token and the step's budget, depth and width per layer, "
+                  "two arms side by side."]
     if figures:
         lines += ["", "## Figures", ""]
         for title, rel in figures.items():
@@ -187,7 +194,7 @@ def notices(summary: dict) -> list[str]:
 
 
 def write_report(out_dir: str | Path, plots: bool = True) -> dict:
-    """Recompute summary.json, the plots and report.md from the answers in ``out_dir``.
+    """Recompute summary.json, the plots, trees.html and report.md from the answers in ``out_dir``.
 
     What ``specframe run`` / ``demo`` / ``report`` do after a run; returns the summary.
     """
@@ -204,12 +211,13 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
         summary["divergences"] = json.loads(run_dir.divergences.read_text(encoding="utf-8"))
     write_json(run_dir.summary, summary)
     figures: dict[str, str] = {}
+    explorer = write_explorer(run, run_dir.explorer)
     if plots:
         from specframe.experiments.plots import make_plots
 
         figures = make_plots(run, summary, run_dir.plots)
         figures = {title: str(Path(p).relative_to(run_dir.path)) for title, p in figures.items()}
-    run_dir.report.write_text(markdown(summary, figures), encoding="utf-8")
+    run_dir.report.write_text(markdown(summary, figures, explorer and explorer.name), encoding="utf-8")
     return summary
 
 

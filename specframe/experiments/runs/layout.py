@@ -8,6 +8,7 @@
   summary.json          SUMMARY_FILE: every metric (written by the report)
   report.md             REPORT_FILE: tables and figures (written by the report)
   plots/*.png           PLOTS_DIR: the report's figures
+  trees.html            EXPLORER_FILE: every recorded step's tree, in words (written by the report)
 ```
 """
 
@@ -27,6 +28,7 @@ DIVERGENCES_FILE = "divergences.json"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
+EXPLORER_FILE = "trees.html"
 
 
 def slugify(name: str) -> str:
@@ -46,6 +48,7 @@ class RunDir:
         self.summary = self.path / SUMMARY_FILE
         self.report = self.path / REPORT_FILE
         self.plots = self.path / PLOTS_DIR
+        self.explorer = self.path / EXPLORER_FILE
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -60,11 +63,11 @@ class RunDir:
 
     def discard(self) -> None:
         """Remove what a run and its report write (answers, run file, summary, report, plots,
-        divergences), nothing else."""
+        trees.html, divergences), nothing else."""
         for d in (self.answers_dir, self.plots):
             if d.is_dir():
                 shutil.rmtree(d)
-        for f in (self.run_file, self.summary, self.report, self.divergences):
+        for f in (self.run_file, self.summary, self.report, self.explorer, self.divergences):
             f.unlink(missing_ok=True)
 
 

@@ -63,7 +63,8 @@ class AnswerRecord:
     prompt_tokens: list[int] = field(default_factory=list)  # per turn
     output_ids: list[list[int]] = field(default_factory=list)  # per turn
     steps: dict[str, list] = field(default_factory=dict)  # StepStats as columns
-    trees: list[dict] = field(default_factory=list)  # a few drawn trees
+    trees: list[dict] = field(default_factory=list)  # a few drawn trees (every step's in explorer questions)
+    token_text: list[list[str]] = field(default_factory=list)  # per turn, each output token's text (explorer questions)
     extra: dict = field(default_factory=dict)  # keys of other writers, kept as they are
 
     @property
@@ -78,7 +79,8 @@ class AnswerRecord:
             "model_id": self.model_id, "arm": self.arm, "repeat": self.repeat, "greedy": self.greedy,
             "tstamp": self.tstamp, "choices": [self.choice.to_dict()],
             "draft_forwards": self.draft_forwards, "prompt_tokens": self.prompt_tokens,
-            "output_ids": self.output_ids, "steps": self.steps, "trees": self.trees, **self.extra,
+            "output_ids": self.output_ids, "steps": self.steps, "trees": self.trees,
+            **({"token_text": self.token_text} if self.token_text else {}), **self.extra,
         }
 
     @classmethod
