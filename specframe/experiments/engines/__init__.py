@@ -1,0 +1,74 @@
+"""Arms in serving engines' vocabularies: export to vLLM, SGLang, transformers and llama.cpp,
+and import their configurations as arms, each with a fidelity statement (docs/serving.md).
+
+One module per engine (``vllm``, ``sglang``, ``hf``, ``llamacpp``), each recording the source
+and version its names were read from; :mod:`.fidelity` holds the statement and the exported
+form, :mod:`.common` what the mappings share.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from specframe.experiments.engines.common import ExportContext
+from specframe.experiments.engines.fidelity import EngineError, Export, Fidelity
+
+#: Engine name -> (module, the [[arm]] key holding its configuration).
+ENGINES: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm", "speculative_config"),
+    "sglang": ("sglang", "server_args"),
+    "hf": ("hf", "generate_kwargs"),
+    "llamacpp": ("llamacpp", "args"),
+}
+
+
+def engine_module(name: str) -> ModuleType:
+    """The mapping module of engine ``name`` (refused by name, listing the engines)."""
+    import importlib
+
+    if name not in ENGINES:
+        raise EngineError(f"unknown engine {name!r}; engines: {', '.join(ENGINES)}")
+    return importlib.import_module(f"specframe.experiments.engines.{ENGINES[name][0]}")
+
+
+def export_arm(arm, engine: str, ctx: ExportContext | None = None) -> Export:
+    """``arm`` (a specframe arm or a transformers baseline) in ``engine``'s vocabulary."""
+    ctx = ctx or ExportContext()
+    if arm.baseline is not None:
+        return _export_baseline(arm, engine)
+    return engine_module(engine).export(arm, ctx)
+
+
+def import_arm(engine: str, table: dict, where: str):
+    """``(drafter, policy, verifier, fidelity)`` refs of an engine configuration table."""
+    return engine_module(engine).import_arm(table, where)
+
+
+def _export_baseline(arm, engine: str) -> Export:
+    """A baseline arm: autoregressive is no speculation anywhere; transformers' own baselines
+    are their ``generate`` arguments (exact in transformers, mapped like n-gram / model arms elsewhere)."""
+    from specframe.experiments.config import ArmConfig, PluginRef
+    from specframe.experiments.engines.fidelity import EXACT
+
+    o = arm.baseline_options
+    if arm.baseline == "autoregressive":
+        return Export(engine, {}, Fidelity(EXACT, []), ["no speculative settings: the engine's plain decoding"])
+    if arm.baseline == "hf-prompt-lookup":
+        settings = {"prompt_lookup_num_tokens": o.get("prompt_lookup_num_tokens", 10),
+                    "max_matching_ngram_size": o.get("max_matching_ngram_size") or 2, "do_sample": False}
+        if engine == "hf":
+            return Export(engine, settings, Fidelity(), [], engine_module("hf").SOURCE)
+        twin = ArmConfig(arm.name, drafter=PluginRef("ngram", {"max_ngram": settings["max_matching_ngram_size"]}),
+                         policy=PluginRef("chain", {"gamma": settings["prompt_lookup_num_tokens"]}), verifier=PluginRef("greedy"))
+    else:  # hf-assisted
+        if engine == "hf":
+            settings = {"assistant_model": o.get("assistant"), **{k: o.get(k) for k in engine_module("hf").ASSISTANT_KEYS
+                                                                if o.get(k) is not None}, "do_sample": False}
+            return Export(engine, settings, Fidelity(), [engine_module("hf").ASSISTANT_NOTE], engine_module("hf").SOURCE)
+        chain = {"gamma": o.get("num_assistant_tokens") or 20, "schedule": o.get("num_assistant_tokens_schedule") or "constant"}
+        twin = ArmConfig(arm.name, drafter=PluginRef("model", {"model": o.get("assistant")}),
+                         policy=PluginRef("chain", chain), verifier=PluginRef("greedy"))
+    return engine_module(engine).export(twin, ExportContext())
+
+
+__all__ = ["ENGINES", "EngineError", "Export", "ExportContext", "Fidelity", "engine_module", "export_arm", "import_arm"]

@@ -1,0 +1,131 @@
+"""What every engine mapping reads from an arm: model paths, the chain length, the static tree
+(given, or fitted to measured acceptance for an adaptive policy) and the verifier's fidelity."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from specframe.experiments.acceptance import Acceptance, AcceptanceError, fit_static_tree, from_records
+from specframe.experiments.config import ArmConfig, ExperimentConfig
+from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity
+
+#: Policies whose tree is fixed before decoding (a static tree serves them as they are).
+STATIC_POLICIES = ("static", "sequoia")
+#: Policies whose tree depends on each step (served as a static tree fitted to acceptance).
+ADAPTIVE_POLICIES = ("talon", "eagle", "opt-tree", "sampled-tree")
+#: The drafter a policy's tree is drafted from needs ranked children (not a sampled tree).
+LOSSLESS_VERIFIERS = ("greedy", "sampling")
+
+
+@dataclass
+class ExportContext:
+    """What an export may read besides the arm.
+
+    Attributes:
+        models: model aliases of the experiment (``[models.<alias>]`` and ``target``) -> the
+            model each names.
+        acceptance: measured acceptance (``specframe acceptance``) to fit static trees to.
+        records: the arm's recorded answers, when a run holds them (their steps give the
+            acceptance when no file is passed, and the sizes ``auto`` settled on).
+    """
+
+    models: dict[str, str] = field(default_factory=dict)
+    acceptance: Acceptance | None = None
+    records: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, config: ExperimentConfig | None = None, **kwargs: Any) -> "ExportContext":
+        """A context whose model aliases are ``config``'s."""
+        models = {}
+        if config is not None:
+            models = {alias: spec.model for alias, spec in config.models.items()} | {"target": config.target.model}
+        return cls(models=models, **kwargs)
+
+    def measured(self, arm: ArmConfig) -> Acceptance | None:
+        """The acceptance passed in, else the one the arm's recorded steps show, else None."""
+        if self.acceptance is not None:
+            return self.acceptance
+        if self.records:
+            try:
+                return from_records(self.records, arm.name, "recorded steps")
+            except AcceptanceError:
+                return None
+        return None
+
+    def recorded(self, column: str) -> list[float]:
+        """One ``steps`` column over the recorded answers (tree sizes, depths)."""
+        return [v for r in self.records for v in r.get("steps", {}).get(column, [])]
+
+
+def model_path(value: str, ctx: ExportContext) -> str:
+    """A model option as a path the engine can load: a ``[models]`` alias as its model, a
+    shipped name as its folder; anything else as given."""
+    from specframe.models.assets import SHIPPED_MODELS
+
+    value = ctx.models.get(value, value)
+    shipped = SHIPPED_MODELS.get(value)
+    return str(shipped) if shipped is not None else str(value)
+
+
+def chain_length(policy: Any, ctx: ExportContext, fid: Fidelity) -> int:
+    """Tokens a chain drafts per step; ``auto`` is approximated by what the run settled on."""
+    gamma = policy.options.get("gamma", 4)
+    if gamma != "auto":
+        return int(gamma)
+    depths = ctx.recorded("depth")
+    if depths:
+        gamma = max(1, round(statistics.median(depths)))
+        fid.add(APPROXIMATED, f"gamma = 'auto' sizes each step; served as the median recorded length {gamma}")
+        return gamma
+    gamma = int(policy.options.get("max_gamma", 32))
+    fid.add(APPROXIMATED, f"gamma = 'auto' sizes each step and no run is recorded: served at its bound max_gamma = {gamma}")
+    return gamma
+
+
+def tree_budget(policy: Any, ctx: ExportContext) -> int:
+    """The node budget (root included) an adaptive policy's fitted tree gets."""
+    budget = policy.options.get("budget", 60)
+    if budget != "auto":
+        return int(budget)
+    sizes = ctx.recorded("tree_size")
+    return max(2, round(statistics.median(sizes))) if sizes else int(policy.options.get("max_budget", 64))
+
+
+def static_paths(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:
+    """The arm's tree as rank paths: its own (``static``, ``sequoia``) or, for an adaptive
+    policy, the static tree fitted to measured acceptance (None when nothing is measured)."""
+    from specframe.plugins import get_registry
+
+    policy = arm.policy
+    if policy.name in STATIC_POLICIES:
+        cls = get_registry().get("policies", policy.name)
+        instance = cls(cls.Options(**policy.options))
+        if policy.name == "static":
+            return tuple(tuple(p) for p in instance.options.paths)
+        return tuple(tuple(p) for p in instance.shape())
+    acc = ctx.measured(arm)
+    if acc is None:
+        return None
+    budget = tree_budget(policy, ctx)
+    fid.add(APPROXIMATED, f"the {policy.name} tree adapts each step; served as the static tree of {budget} nodes "
+            f"fitted to the acceptance measured for this arm ({acc.method}, {acc.steps} steps; Sequoia's DP)")
+    return fit_static_tree(acc, budget)
+
+
+def chain_of(paths: tuple[tuple[int, ...], ...]) -> int:
+    """Depth of a rank-path tree (the chain its top path makes)."""
+    return max((len(p) for p in paths), default=0)
+
+
+def verifier_fidelity(arm: ArmConfig, engine: str, sampling_note: str) -> Fidelity:
+    """How ``engine`` verifies as the arm's verifier does."""
+    fid = Fidelity()
+    name = arm.verifier.name if arm.verifier is not None else "greedy"
+    if name == "sampling":
+        fid.add(APPROXIMATED, "the sampling verifier: " + sampling_note)
+    elif name not in LOSSLESS_VERIFIERS:
+        fid.add(NOT_EXPRESSIBLE, f"verifier {name!r} (lossy acceptance) has no counterpart in {engine}, "
+                "which verifies losslessly only")
+    return fid
