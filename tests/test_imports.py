@@ -19,7 +19,8 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 #: folder -> its layer; the modules directly in specframe/ are the core (docs/architecture.md).
 FOLDERS = {"specframe.models": "models", "specframe.sizing": "sizing", "specframe.decode": "decode",
-           "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.testing": "testing"}
+           "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.tuning": "tuning",
+           "specframe.testing": "testing"}
 #: How many modules the core (specframe/*.py besides __init__ and cli) may hold.
 MAX_CORE_MODULES = 12
 
@@ -34,7 +35,8 @@ RULES = {
     "decode": {"core", "models", "sizing"},                           # specframe/decode/
     "harness": {"core", "models", "sizing", "decode"},                # specframe/experiments/
     "replay": {"core", "models", "sizing", "decode", "harness"},      # specframe/replay/
-    "cli": {"core", "models", "sizing", "decode", "harness", "replay"},  # specframe/cli.py
+    "tuning": {"core", "models", "sizing", "decode", "harness", "replay"},  # specframe/tuning/
+    "cli": {"core", "models", "sizing", "decode", "harness", "replay", "tuning"},  # specframe/cli.py
     "plugin": {"core", "models", "sizing", "decode"},                 # strategies/ drafters/ verifiers/
     "testing": {"core", "models", "sizing", "decode", "plugin"},      # specframe/testing/ (the kit)
 }

@@ -315,7 +315,7 @@ class ReplayExperiment(Experiment):
         drafter's declaration is known only once it is built)."""
         cfg = self.config
         with _no_loading_bars():
-            pool = ModelPool(cfg)
+            pool = self.pool = ModelPool(cfg)
             model = pool.target()
             recorded = self.trace.environment.get("config_hash")
             if recorded and recorded != config_hash(model):
@@ -338,6 +338,35 @@ class ReplayExperiment(Experiment):
         if not any(a.baseline is None and a.name in self.runners for a in cfg.arms):
             raise ReplayError("no specframe arm of the experiment can be replayed (see the warnings above)")
         self.config = dataclasses.replace(cfg, arms=[a for a in cfg.arms if a.name in self.runners])
+
+    # ------------------------------------------------------------------ one arm at a time
+    def load(self) -> None:
+        """Load the target once and build the experiment's arms, as :meth:`run` does first;
+        then :meth:`runner_for` builds further arms over the same target (``specframe tune``)."""
+        self._build()
+
+    def runner_for(self, arm: ArmConfig) -> Any:
+        """A fresh runner of ``arm`` over the loaded target (:meth:`load`); its exactness goes to
+        ``exactness``. An arm whose drafter does not replay raises :class:`ReplayError`."""
+        replayable_arms(dataclasses.replace(self.config, arms=[arm]))  # refuses a sampling or lossy verifier
+        return self._runner(arm, self.pool, self.target)
+
+    def answer(self, arm: ArmConfig, runner: Any, question: Question) -> Any:
+        """One replayed answer (an :class:`~specframe.experiments.runs.AnswerRecord`, repeat 0)
+        of ``question`` by ``runner``, every turn, with the run's EOS and seeds."""
+        if getattr(self, "_eos", None) is None:
+            self.questions()
+        return self._answer(arm, runner, self.encoder(), question, 0, self._eos, self.target)
+
+    def questions(self) -> list[Question]:
+        """The experiment's questions in file order, less those ``[data] on_overflow = "skip"``
+        leaves out (the run's rule)."""
+        from specframe.experiments.data import load_questions
+
+        data = self.config.data
+        questions = load_questions(data.path, data.category, data.limit)
+        _, _, _, self._eos = self._prepare([], questions)
+        return questions
 
     def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
         cfg = self.config

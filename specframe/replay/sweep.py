@@ -241,10 +241,7 @@ def check_sweep_dir(out_dir: Path, sweep: SweepFile, fingerprint: dict, fresh: b
     old = json.loads(file.read_text(encoding="utf-8")) if file.exists() else None
     if old is None and (out_dir / RESULTS).exists():
         old = {}  # rows written before their inputs were recorded: not comparable
-    if old is not None and old != fingerprint:
-        diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-        raise ExperimentError(f"{out_dir} holds a sweep over another {' and another '.join(diff)}: use another "
-                              "--out, or --fresh to discard its rows")
+    refuse_other_inputs(out_dir, "a sweep", old, fingerprint, "its rows")
     ids = {c.name: chunk_id([c]) for c in sweep.configs}
     changed = sorted({r["name"] for r in read_results(out_dir)
                       if not is_failure(r) and r["name"] in ids and r.get("config") != ids[r["name"]]})
@@ -253,6 +250,16 @@ def check_sweep_dir(out_dir: Path, sweep: SweepFile, fingerprint: dict, fresh: b
                               "their rows' (the base experiment's arm changed): use another --out, or --fresh")
     out_dir.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
+
+
+def refuse_other_inputs(out_dir: Path, what: str, old: dict | None, new: dict, kept: str) -> None:
+    """The one staleness rule for results over a trace: unless ``old`` (the recorded inputs,
+    None when there are none) equals ``new``, refuse in one line naming every input that
+    differs (``{what}`` over another trace, curve, ...); ``kept`` names what --fresh discards."""
+    if old is not None and old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ExperimentError(f"{out_dir} holds {what} over another {' and another '.join(diff)}: use another "
+                              f"--out, or --fresh to discard {kept}")
 
 
 def sweep_jobs(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, done: set[str],
