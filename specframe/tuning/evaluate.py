@@ -19,7 +19,7 @@ import torch
 from specframe.errors import ExperimentError
 from specframe.experiments.config import ArmConfig, ExperimentConfig
 from specframe.experiments.data import Question
-from specframe.replay.runner import ReplayExperiment, step_model
+from specframe.replay.runner import ReplayError, ReplayExperiment, step_model
 from specframe.replay.trace import Trace
 
 #: What ``--objective`` may name.
@@ -97,7 +97,13 @@ class Evaluator:
         ar = ArmConfig(name="autoregressive", baseline="autoregressive")
         config = dataclasses.replace(config, arms=[ar, *arms], warmup=0)
         self.experiment = ReplayExperiment(config, trace, step_model(trace, curve), Path(scratch), progress=False)
-        self.experiment.load()
+        try:
+            self.experiment.load()
+        except ReplayError as err:  # no arm replays: say why for each
+            why = [s for s in self.experiment.skipped if any(s.startswith(f"{a.name} (") for a in arms)]
+            if not why:
+                raise
+            raise ReplayError(f"no arm can be tuned, not replayed: {'; '.join(why)}") from err
         self.exactness: dict[str, str] = dict(self.experiment.exactness)
         #: Arm name -> why it does not replay (left out of the tune).
         self.refused = {a.name: _reason(a, self.experiment.skipped) for a in arms
