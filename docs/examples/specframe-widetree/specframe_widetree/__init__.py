@@ -6,6 +6,7 @@ import torch
 
 import specframe
 from specframe.options import require
+from specframe.search_space import tunable
 
 
 @dataclass
@@ -13,8 +14,8 @@ class WideTreeOptions(specframe.AutoBudgetOptions):
     """Options of ``widetree``: ``budget`` = tree size with the root, or ``"auto"`` (sized each step,
     up to ``max_budget``); ``width`` = nodes per layer."""
 
-    budget: int | str = 32
-    width: int = 8
+    budget: int | str = tunable(32, low=4, high=64, log=True)   # `specframe tune` searches these
+    width: int = tunable(8, low=1, high=16)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # AutoBudgetOptions checks the budget and max_budget
