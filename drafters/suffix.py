@@ -1,40 +1,41 @@
-"""Drafter ``suffix``: SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's ``suffix``
-method via Arctic Inference), model-free.
+"""Drafter ``suffix``: SuffixDecoding (Oliaro et al., arXiv 2411.04975) by its reference's rules
+(arctic-inference 0.3.0, the code vLLM's ``suffix`` method runs), model-free.
 
-Two structures (:mod:`specframe.drafters.suffix_tree`): a per-request index over prompt +
-committed tokens, and (``global_tree``) a global one over the outputs of this instance's
-earlier ``generate`` calls; with ``datastore``, a third, read-only one: a corpus and its
-suffix array (:mod:`specframe.drafters.datastore`, REST's retrieval). Each generation's
-output joins the global one at :meth:`SuffixDrafter.finish`, exactly as emitted (cut at
-``max_new_tokens`` and EOS). At most ``max_cached_requests``
-outputs are kept; the oldest is evicted first.
+Two suffix trees (:mod:`specframe.drafters.suffix_cache`): the request's (prompt and response
+so far) and, with ``global_tree``, a global one (the responses of the last
+``max_cached_requests`` requests of this instance, the active one included, each committed
+token joining it at once). Optionally a third, read-only source: a REST datastore
+(:mod:`specframe.drafters.datastore`).
 
-At a node u the query is the committed sequence followed by the path root -> u. Each structure
-gives the counts of the tokens that followed the longest suffix of the query it holds
-(``min_match..max_match`` tokens). Combination: with match lengths ``m_r`` (request) and
-``m_g`` (global), each 0 when unmatched, and normalised frequencies ``p_r``, ``p_g``::
+Each step drafts as the reference's path mode (``use_tree_spec = False``, vLLM's): over the last
+``max_depth`` committed tokens, each tree tries every match length from 1 up to (not including)
+that context's length, follows the most frequent child from the matched node while the product
+of ``child.count / node.count`` stays at least ``min_token_prob``, for at most
+``min(max_spec_tokens, match_len * max_spec_factor + max_spec_offset)`` tokens, and keeps the
+draft with the highest score (the sum of its tokens' probabilities; the longer match on a tie).
+Of the trees' drafts the higher score wins; on a tie the request's. A datastore drafts the same
+way from its longest match (REST's lookup, re-matched at each drafted token) and wins only with a
+strictly higher score. (:mod:`specframe.drafters.suffix_tree` states the arithmetic.)
 
-    p(t) = (m_r * p_r(t) + m_g * p_g(t)) / (m_r + m_g)
+Rows, for any policy: the winning source's candidates below its matched context. A node at depth
+d < the winner's token cap whose path is in that source gets the children there, each at its
+conditional probability ``child.count / node.count``, those whose cumulative probability (the
+reference's float32 product along the path) falls below ``min_token_prob`` left out. So the top
+path is the reference's draft, up to the order of equally likely candidates (specframe's rows
+break ties toward the lower id, the reference follows its own sibling order), and a tree policy
+gets the reference's other candidates of the same match where it wants more than one path (the
+reference's tree mode would choose the match by the whole tree's score instead). Every other
+row is empty (with ``fallback_prob > 0``, one fallback token, the request's most frequent token
+at ``log(fallback_prob)``, as the n-gram drafter's rows; the reference has none).
 
-(a datastore adds its own term ``m_d * p_d(t)`` the same way)
-
-so the longer match weighs more and one structure alone gives its own frequencies.
-
-Tree shape as SuffixDecoding: with ``m`` the longer match at the root, a node at depth d gets
-children only if ``d < max_spec_factor * m`` and ``d <= max_depth``; a child t of u is kept only
-if its cumulative probability ``P(u) * p(t | u)`` (P = product of the drafter's ``p`` along the
-path) is at least ``min_token_prob``. Any policy then shapes the tree from these rows.
-Where no child is left (no match, a limit, pruning) the row holds one fallback token, the most
-frequent token of the request (ties to the lower id), at ``log(fallback_prob)`` (the n-gram
-drafter's rule; ``fallback_prob = 0`` leaves the row all ``-inf``). Rows are sub-probabilities.
-
-Replay: ``"exact"``. Drafts depend only on the committed tokens and on earlier outputs fed in
-a fixed order; an experiment runs its questions in data-file order, from a fresh drafter per
-repeat after the warm-up, in live and replayed runs alike, and the global index stores each
+Replay: ``"exact"``. Drafts depend only on the committed tokens and on earlier outputs fed in a
+fixed order; an experiment runs its questions in data-file order, from a fresh drafter per
+repeat after the warm-up, in live and replayed runs alike, and the global tree holds each
 generation's emitted output, which replay reproduces token for token (docs/replay.md).
 
-Cost: ``commit`` indexes O(max_match) keys per token; a row costs O(log max_match) dict probes
-per structure, memoised per step by path, plus the sort of its few candidates.
+Cost: ``commit`` touches ``max_depth`` tree nodes per token; a step's draft tries up to
+``max_depth`` match lengths per tree; a row is one walk down from the matched node, memoised per
+step.
 """
 
 from __future__ import annotations
@@ -47,79 +48,91 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
-from specframe.search_space import tunable
 from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
-from .datastore import load
-from .suffix_tree import Counts, OutputCache, RequestIndex
+from .datastore import Datastore, load
+from .suffix_cache import SuffixCache
+from .suffix_tree import Draft, Node, cap, f32
 
 Ranked = tuple[list[float], list[int]]
+#: A source's candidates after a path: (token, count) pairs and the count they divide by.
+Children = tuple[list[tuple[int, int]], int]
 
 
 @dataclass
 class SuffixDrafterOptions:
-    """Options of the ``suffix`` drafter.
+    """Options of the ``suffix`` drafter (defaults: vLLM's ``suffix`` method).
 
     Attributes:
-        max_depth: deepest node (root = depth 0) that gets children.
-        max_match: longest suffix matched (the depth of the suffix index).
-        min_match: shortest suffix that counts as a match.
-        max_spec_factor: no children past depth ``max_spec_factor * m`` (m: the root's match).
-        min_token_prob: no child below this cumulative probability.
-        global_tree: also match the outputs of earlier generations of this instance.
-        max_cached_requests: earlier outputs kept in the global index (oldest evicted first).
-        fallback_prob: probability of the single fallback token of a row with no child.
-        datastore: a REST datastore folder (``specframe datastore build``): its corpus is a
-            third structure, matched and weighed like the other two (REST's retrieval).
+        max_depth: depth of the suffix trees and the context matched
+            (``suffix_decoding_max_tree_depth``).
+        max_spec_tokens: most tokens a draft holds (vLLM's ``num_speculative_tokens``, which
+            defaults to the tree depth for this method); None: ``max_depth``.
+        max_spec_factor: a draft after a match of m tokens holds at most
+            ``m * max_spec_factor + max_spec_offset`` tokens.
+        max_spec_offset: see ``max_spec_factor``.
+        min_token_prob: no drafted token below this cumulative probability.
+        global_tree: also draft from the responses of earlier requests (and the active one).
+        max_cached_requests: responses the global tree holds, the active one included (oldest
+            evicted first).
+        fallback_prob: probability of one fallback token in a row with no candidate (0: none,
+            as the reference).
+        datastore: a REST datastore folder (``specframe datastore build``): a third source,
+            drafting from its longest match.
+        max_match: longest match asked of the datastore.
+        min_match: shortest datastore match that counts.
     """
 
-    # Disjoint ranges keep every drawn pair valid (max_match >= min_match).
-    max_depth: int = tunable(24, low=4, high=32)
-    max_match: int = tunable(16, low=4, high=32)
-    min_match: int = tunable(1, low=1, high=4)
-    max_spec_factor: float = tunable(1.0, low=0.25, high=4.0, log=True)
-    min_token_prob: float = tunable(0.1, low=0.0, high=0.5)
-    global_tree: bool = tunable(True, choices=(True, False))
-    max_cached_requests: int = tunable(64, low=4, high=256, log=True, when={"global_tree": True})
-    fallback_prob: float = 1e-6
+    max_depth: int = 24
+    max_spec_tokens: int | None = None
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    global_tree: bool = True
+    max_cached_requests: int = 10000
+    fallback_prob: float = 0.0
     datastore: str | None = None
+    max_match: int = 16
+    min_match: int = 1
 
     def __post_init__(self) -> None:
-        require(_is_int(self.max_depth) and self.max_depth >= 0, "max_depth", f"must be an int >= 0, got {self.max_depth!r}")
-        require(_is_int(self.min_match) and self.min_match >= 1, "min_match", f"must be an int >= 1, got {self.min_match!r}")
-        require(_is_int(self.max_match) and self.max_match >= self.min_match, "max_match",
-                f"must be an int >= min_match ({self.min_match}), got {self.max_match!r}")
-        require(self.max_spec_factor > 0, "max_spec_factor", f"must be > 0, got {self.max_spec_factor}")
-        require(0.0 <= self.min_token_prob <= 1.0, "min_token_prob", f"must be in [0, 1], got {self.min_token_prob}")
+        require(_is_int(self.max_depth) and self.max_depth >= 1, "max_depth", f"must be an int >= 1, got {self.max_depth!r}")
+        require(self.max_spec_tokens is None or (_is_int(self.max_spec_tokens) and self.max_spec_tokens >= 0),
+                "max_spec_tokens", f"must be an int >= 0 or None, got {self.max_spec_tokens!r}")
+        require(_is_number(self.max_spec_factor) and self.max_spec_factor > 0, "max_spec_factor",
+                f"must be > 0, got {self.max_spec_factor!r}")
+        require(_is_number(self.max_spec_offset), "max_spec_offset", f"must be a number, got {self.max_spec_offset!r}")
+        require(_is_number(self.min_token_prob) and 0.0 <= self.min_token_prob <= 1.0, "min_token_prob",
+                f"must be in [0, 1], got {self.min_token_prob!r}")
         require(isinstance(self.global_tree, bool), "global_tree", f"must be true or false, got {self.global_tree!r}")
         require(_is_int(self.max_cached_requests) and self.max_cached_requests >= 1, "max_cached_requests",
                 f"must be an int >= 1, got {self.max_cached_requests!r}")
-        require(0.0 <= self.fallback_prob <= 1.0, "fallback_prob", f"must be in [0, 1], got {self.fallback_prob}")
+        require(_is_number(self.fallback_prob) and 0.0 <= self.fallback_prob <= 1.0, "fallback_prob",
+                f"must be in [0, 1], got {self.fallback_prob!r}")
         require(self.datastore is None or isinstance(self.datastore, str), "datastore",
                 f"must be the path of a datastore folder (specframe datastore build), got {self.datastore!r}")
+        require(_is_int(self.min_match) and self.min_match >= 1, "min_match", f"must be an int >= 1, got {self.min_match!r}")
+        require(_is_int(self.max_match) and self.max_match >= self.min_match, "max_match",
+                f"must be an int >= min_match ({self.min_match}), got {self.max_match!r}")
+
+    @property
+    def spec_tokens(self) -> int:
+        """``max_spec_tokens``, None read as ``max_depth``."""
+        return self.max_depth if self.max_spec_tokens is None else self.max_spec_tokens
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def combine(matches: list[tuple[int, Counts]]) -> dict[int, float]:
-    """Match-length weighted mixture of the structures' normalised frequencies (module docstring)."""
-    total = sum(m for m, _ in matches)
-    out: dict[int, float] = {}
-    for m, counts in matches:
-        if not m:
-            continue
-        norm = sum(counts.values())
-        for tok, c in counts.items():
-            out[tok] = out.get(tok, 0.0) + (m / total) * (c / norm)
-    return out
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class SuffixDrafter(Drafter):
-    """SuffixDecoding: frequency-scored continuations of the longest matched suffix, over this
-    request and the outputs of earlier requests."""
+    """SuffixDecoding: the reference's frequency-scored path over the request's and the global
+    suffix tree, with the same match's other candidates for wider trees."""
 
     name = "suffix"
     Options = SuffixDrafterOptions
@@ -129,94 +142,153 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, options: SuffixDrafterOptions, target: Any) -> None:
         super().__init__(options, target)
-        # The global index is state across generations on purpose; without it, none is kept.
+        # The global tree is state across generations on purpose; without it, none is kept.
         self.persistent_state = bool(options.global_tree)
-        self.cache = OutputCache(options.max_match, options.max_cached_requests)
-        self.request = RequestIndex(options.max_match)
-        self.datastore = load(options.datastore, self.vocab_size) if options.datastore else None
+        self.cache = SuffixCache(options.max_depth, options.max_cached_requests if options.global_tree else 0)
+        self.datastore: Datastore | None = load(options.datastore, self.vocab_size) if options.datastore else None
+        self.tokens: list[int] = []
+        self.unigram: dict[int, int] = {}
         self._reset_step()
 
     def _reset_step(self) -> None:
-        """Forget the per-step memos (the committed sequence changed)."""
-        self._dists: dict[tuple[int, ...], tuple[int, dict[int, float]]] = {}
+        """Forget the step's draft and memos (the committed sequence changed)."""
+        self._choice: tuple[Node | None, int] | None = None  # (matched node or None: datastore, cap)
         self._cums: dict[tuple[int, ...], float] = {(): 1.0}
         self._rows: dict[tuple[int, ...], Ranked] = {}
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
-        """Index the new prompt (a fresh per-request index; the global one keeps what
-        :meth:`finish` gave it)."""
-        prompt = torch.as_tensor(prompt_ids).flatten().tolist()
-        self.request = RequestIndex(self.options.max_match)
-        self.request.extend(prompt)
+        """Start a request on ``prompt_ids``: a fresh request tree, and its response's slot in
+        the global tree."""
+        prompt = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
+        self.cache.start(prompt)
+        self.tokens, self.unigram = [], {}
+        self._count(prompt)
         self._reset_step()
 
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None) -> None:
-        """Index the newly committed tokens (accepted drafts + bonus)."""
-        self.request.extend(torch.as_tensor(tokens).flatten().tolist())
+        """Add the newly committed tokens (accepted drafts + bonus) to both trees."""
+        new = [int(t) for t in torch.as_tensor(tokens).flatten().tolist()]
+        self.cache.add(new)
+        self._count(new)
         self._reset_step()
 
     def finish(self, output_ids: torch.Tensor) -> None:
-        """The generation's output, exactly as emitted (cut at max_new_tokens and EOS), joins
-        the global index."""
-        if self.options.global_tree:
-            self.cache.add(torch.as_tensor(output_ids).flatten().tolist())
+        """The response in the global tree becomes the output exactly as emitted (cut at
+        max_new_tokens and EOS, where the last commit may have run past the cut)."""
+        self.cache.replace_response([int(t) for t in torch.as_tensor(output_ids).flatten().tolist()])
+
+    def _count(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        for tok in tokens:
+            self.unigram[tok] = self.unigram.get(tok, 0) + 1
+
+    # ------------------------------------------------------------------ the step's draft
+    def draft(self) -> Draft:
+        """The step's draft as the reference computes it (module docstring); it fixes the
+        source and match the rows come from."""
+        opts = self.options
+        args = (opts.spec_tokens, opts.max_spec_factor, opts.max_spec_offset, opts.min_token_prob)
+        best, _ = self.cache.speculate(self.tokens, *args)
+        if self.datastore is not None:
+            other = self._datastore_draft()
+            if other.score > best.score:
+                best = other
+        return best
+
+    def _chosen(self) -> tuple[Node | None, int]:
+        if self._choice is None:
+            best = self.draft()
+            limit = 0 if not best.match_len else cap(best.match_len, *self._cap_args())
+            self._choice = (best.node, limit)
+        return self._choice
+
+    def _cap_args(self) -> tuple[int, float, float]:
+        opts = self.options
+        return opts.spec_tokens, opts.max_spec_factor, opts.max_spec_offset
+
+    def _datastore_draft(self) -> Draft:
+        """The datastore's path: the most frequent continuation of its longest match (ties to
+        the lower id), re-matched after each drafted token, scored as a tree's draft."""
+        m = self.datastore.longest(self.tokens[-self.options.max_match :], self.options.min_match)[0]
+        if not m:
+            return Draft()
+        draft, floor = Draft(match_len=m), f32(self.options.min_token_prob)
+        prob, limit = 1.0, cap(m, *self._cap_args())
+        while len(draft.tokens) < limit:
+            found = self._datastore_children(tuple(draft.tokens))
+            if found is None:
+                break
+            pairs, total = found
+            tok, count = min(pairs, key=lambda p: (-p[1], p[0]))
+            prob = f32(prob * f32(count / total))
+            if prob < floor:
+                break
+            draft.tokens.append(tok)
+            draft.probs.append(prob)
+            draft.score = f32(draft.score + prob)
+        return draft
+
+    def _datastore_children(self, path: tuple[int, ...]) -> Children | None:
+        query = (self.tokens + list(path))[-self.options.max_match :]
+        m, counts = self.datastore.longest(query, self.options.min_match)
+        return (list(counts.items()), sum(counts.values())) if m else None
+
+    def children(self, path: tuple[int, ...]) -> Children | None:
+        """The winning source's candidates after ``path`` (None: the path leaves it)."""
+        node, _ = self._chosen()
+        if node is None:
+            return self._datastore_children(path) if self.datastore is not None and self._choice[1] else None
+        for tok in path:
+            node = node.children.get(tok)
+            if node is None:
+                return None
+        return [(c.token, c.count) for c in node.order], node.count
 
     # ------------------------------------------------------------------ rows
-    def distribution(self, path: tuple[int, ...]) -> tuple[int, dict[int, float]]:
-        """``(match length, {token: p})`` after committed + ``path``: the longer of the two
-        matches and the combined frequencies (memoised per step)."""
-        found = self._dists.get(path)
-        if found is None:
-            query = (self.request.tokens + list(path))[-self.options.max_match :]
-            matches = [self.request.index.longest(query, self.options.min_match)]
-            if self.options.global_tree:
-                matches.append(self.cache.index.longest(query, self.options.min_match))
-            if self.datastore is not None:
-                matches.append(self.datastore.longest(query, self.options.min_match))
-            found = self._dists[path] = (max(m for m, _ in matches), combine(matches))
-        return found
-
     def cumulative(self, path: tuple[int, ...]) -> float:
-        """Product of the drafter's probabilities along ``path`` (0 off its candidates)."""
+        """The reference's float32 probability of ``path`` (0 off the source's candidates)."""
         known = self._cums.get(path)
         if known is not None:
             return known
-        i = len(path) - 1
-        while path[:i] not in self._cums:  # walk up to the deepest known ancestor
-            i -= 1
-        value = self._cums[path[:i]]
-        for j in range(i, len(path)):
-            value *= self.distribution(path[:j])[1].get(path[j], 0.0)
-            self._cums[path[: j + 1]] = value
+        parent = self.cumulative(path[:-1])
+        found = self.children(path[:-1]) if parent else None
+        count = dict(found[0]).get(path[-1], 0) if found else 0
+        value = f32(parent * f32(count / found[1])) if count else 0.0
+        self._cums[path] = value
         return value
 
     def ranked(self, path: tuple[int, ...]) -> Ranked:
         """The row after ``path`` as its finite entries: (float32 log-probs, ids), best first,
-        ties toward the lower id; the fallback where no child is allowed (memoised per step)."""
+        ties toward the lower id (memoised per step)."""
         row = self._rows.get(path)
         if row is None:
-            row = self._rows[path] = self._children(path) or self.fallback()
+            row = self._rows[path] = self._candidates(path) or self.fallback()
         return row
 
-    def _children(self, path: tuple[int, ...]) -> Ranked | None:
-        depth, opts = len(path), self.options
-        if depth > opts.max_depth or depth >= opts.max_spec_factor * self.distribution(())[0]:
+    def _candidates(self, path: tuple[int, ...]) -> Ranked | None:
+        _, limit = self._chosen()
+        if len(path) >= limit:
             return None
-        cum = self.cumulative(path) if opts.min_token_prob > 0 else 1.0
-        kept = [(p, t) for t, p in self.distribution(path)[1].items()
-                if t < self.vocab_size and cum * p >= opts.min_token_prob]
+        cum = self.cumulative(path)
+        found = self.children(path) if cum else None
+        if not found:
+            return None
+        pairs, total = found
+        floor = f32(self.options.min_token_prob)
+        kept = [(c, t) for t, c in pairs if t < self.vocab_size and f32(cum * f32(c / total)) >= floor]
         if not kept:
             return None
-        logp = torch.tensor([p for p, _ in kept], dtype=torch.float64).log().float().tolist()
-        pairs = sorted((-v, t) for v, (_, t) in zip(logp, kept))
-        return [-v for v, _ in pairs], [t for _, t in pairs]
+        logp = torch.tensor([c / total for c, _ in kept], dtype=torch.float64).log().float().tolist()
+        ordered = sorted((-v, t) for v, (_, t) in zip(logp, kept))
+        return [-v for v, _ in ordered], [t for _, t in ordered]
 
     def fallback(self) -> Ranked:
-        """The single fallback entry (none with ``fallback_prob = 0``)."""
-        if self.options.fallback_prob == 0.0:
+        """The single fallback entry (none with ``fallback_prob = 0``, the default)."""
+        if self.options.fallback_prob == 0.0 or not self.unigram:
             return [], []
-        tok = self.request.most_frequent or 0
+        # The most frequent token of the request, ties to the lower id (the n-gram drafter's).
+        tok = min(self.unigram, key=lambda t: (-self.unigram[t], t))
         tok = tok if tok < self.vocab_size else 0
         return torch.tensor([math.log(self.options.fallback_prob)]).tolist(), [tok]
 

@@ -20,7 +20,7 @@ from specframe.drafters.datastore import (MAX_OCCURRENCES, SEPARATOR, Datastore,
 from specframe.models.target import TargetModel
 from specframe.plugins import get_registry
 from specframe.testing.conformance import DrafterConformance
-from specframe.testing.fixtures import VOCAB, fixed_policy_spec, tiny_target
+from specframe.testing.fixtures import SUFFIX_EMPTY_ROWS, VOCAB, fixed_policy_spec, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.profiles import profile_examples
 
@@ -212,6 +212,7 @@ class TestSuffixWithDatastoreConformance(DrafterConformance):
     continuations, so that the datastore's rows are the ones drafted)."""
 
     plugin = "suffix"
+    expected_failures = {"test_expand_rows_are_log_distributions": SUFFIX_EMPTY_ROWS}
 
     def make_drafter(self, target: TargetModel):
         return make_plugin("drafters", ("suffix", {"datastore": str(conformance_store()), "max_depth": 12}), target)

@@ -128,6 +128,10 @@ BUILTIN_DRAFTER_FACTORIES: dict[str, Callable[[Any], Any]] = {
 
 #: Conformance class attributes of specframe's own plugins, by (kind, name): the built-in
 #: policies that pick children by rank must record every node's true rank.
+#: Why ``suffix`` at its defaults leaves rows empty (docs/parity.md).
+SUFFIX_EMPTY_ROWS = ("as SuffixDecoding's reference, it drafts nothing where no context matches: such a row "
+                     "is empty (fallback_prob > 0 gives it one fallback token)")
+
 BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("policies", name): {"strict_ranks": True}
     for name in ("chain", "talon", "eagle", "static", "opt-tree", "sequoia")
@@ -137,6 +141,7 @@ BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     # Traversal Verification verifies sampled trees only: its end-to-end runs draft them.
     ("verifiers", "traversal"): {"greedy_plugin": ("traversal", {"top_k": 1}),
                                  "engine_policy": ("sampled-tree", {"k": 2, "depth": 3})},
+    ("drafters", "suffix"): {"expected_failures": {"test_expand_rows_are_log_distributions": SUFFIX_EMPTY_ROWS}},
 }
 
 
