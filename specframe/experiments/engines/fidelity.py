@@ -105,8 +105,8 @@ def flags(settings: dict[str, Any]) -> str:
 
 
 def parse_flags(text: str) -> dict[str, Any]:
-    """The inverse of :func:`flags`: ``--key-name value`` -> ``{"key_name": "value"}`` (strings;
-    a flag without a value is True)."""
+    """The inverse of :func:`flags`: ``--key-name value`` -> ``{"key_name": value}`` (a value that
+    spells a number is that number; a flag without a value is True)."""
     words = shlex.split(text)
     out: dict[str, Any] = {}
     i = 0
@@ -116,9 +116,19 @@ def parse_flags(text: str) -> dict[str, Any]:
             raise EngineError(f"{word!r} is not a --flag (flags are written as --name value)")
         key = word[2:].replace("-", "_")
         if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            out[key] = words[i + 1]
+            out[key] = _number(words[i + 1])
             i += 2
         else:
             out[key] = True
             i += 1
     return out
+
+
+def _number(text: str) -> Any:
+    """``text`` as the int or float it spells, else unchanged (command lines carry text)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -87,19 +87,8 @@ def normalise(table: dict, where: str) -> dict:
         name = str(key).lstrip("-").replace("-", "_")
         if name in REMOVED:
             raise EngineError(f"{where}: llama.cpp flag {key!r} is removed at {SOURCE_COMMIT[:12]}; use {REMOVED[name]}")
-        out[ALIASES.get(name, name)] = _number(value)
+        out[ALIASES.get(name, name)] = value
     return out
-
-
-def _number(value: object) -> object:
-    """A flag's text as the number it spells (flags parsed from a command line are strings)."""
-    if isinstance(value, str):
-        for kind in (int, float):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-    return value
 
 
 def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef, Fidelity]:
