@@ -168,3 +168,13 @@ def test_an_arm_that_does_not_replay_or_a_bad_split_is_refused_with_the_reason(r
     assert "no arm can be tuned, not replayed: recycle+chain (its drafter 'recycle' does not replay)" in result.output
     result = _tune(tmp, "split", "--trials", "2", "--split", "1.0")
     assert result.exit_code == 1 and "--split must lie strictly between 0 and 1" in result.output
+
+
+def test_an_arm_that_replays_approximately_is_named_as_such(recorded, monkeypatch):
+    from specframe.plugins import get_registry
+
+    monkeypatch.setattr(get_registry().get("drafters", "ngram"), "replay", "approximate")
+    result = _tune(recorded, "approx", "--trials", "2", "--arms", "ngram+chain")
+    assert result.exit_code == 0, result.output
+    assert "ngram+chain: replays approximately (drafter 'ngram'): its projected figures are approximate" in result.output
+    assert json.loads((recorded / "approx" / "tune.json").read_text())["arms"]["ngram+chain"]["replay"] == "approximate"
