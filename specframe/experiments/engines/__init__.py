@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from specframe.experiments.engines.common import ExportContext
-from specframe.experiments.engines.fidelity import EngineError, Export, Fidelity
+from specframe.experiments.engines.fidelity import EngineError, Export, Fidelity, Ref
 
 #: Engine name -> (module, the [[arm]] key holding its configuration).
 ENGINES: dict[str, tuple[str, str]] = {
@@ -47,8 +47,8 @@ def import_arm(engine: str, table: dict, where: str):
 def _export_baseline(arm, engine: str) -> Export:
     """A baseline arm: autoregressive is no speculation anywhere; transformers' own baselines
     are their ``generate`` arguments (exact in transformers, mapped like n-gram / model arms elsewhere)."""
-    from specframe.experiments.config import ArmConfig, PluginRef
-    from specframe.experiments.engines.fidelity import EXACT
+    from specframe.experiments.engines.common import ArmSpec
+    from specframe.experiments.engines.fidelity import EXACT, Ref
 
     o = arm.baseline_options
     if arm.baseline == "autoregressive":
@@ -58,17 +58,17 @@ def _export_baseline(arm, engine: str) -> Export:
                     "max_matching_ngram_size": o.get("max_matching_ngram_size") or 2, "do_sample": False}
         if engine == "hf":
             return Export(engine, settings, Fidelity(), [], engine_module("hf").SOURCE)
-        twin = ArmConfig(arm.name, drafter=PluginRef("ngram", {"max_ngram": settings["max_matching_ngram_size"]}),
-                         policy=PluginRef("chain", {"gamma": settings["prompt_lookup_num_tokens"]}), verifier=PluginRef("greedy"))
+        twin = ArmSpec(arm.name, drafter=Ref("ngram", {"max_ngram": settings["max_matching_ngram_size"]}),
+                         policy=Ref("chain", {"gamma": settings["prompt_lookup_num_tokens"]}), verifier=Ref("greedy", {}))
     else:  # hf-assisted
         if engine == "hf":
             settings = {"assistant_model": o.get("assistant"), **{k: o.get(k) for k in engine_module("hf").ASSISTANT_KEYS
                                                                 if o.get(k) is not None}, "do_sample": False}
             return Export(engine, settings, Fidelity(), [engine_module("hf").ASSISTANT_NOTE], engine_module("hf").SOURCE)
         chain = {"gamma": o.get("num_assistant_tokens") or 20, "schedule": o.get("num_assistant_tokens_schedule") or "constant"}
-        twin = ArmConfig(arm.name, drafter=PluginRef("model", {"model": o.get("assistant")}),
-                         policy=PluginRef("chain", chain), verifier=PluginRef("greedy"))
+        twin = ArmSpec(arm.name, drafter=Ref("model", {"model": o.get("assistant")}),
+                         policy=Ref("chain", chain), verifier=Ref("greedy", {}))
     return engine_module(engine).export(twin, ExportContext())
 
 
-__all__ = ["ENGINES", "EngineError", "Export", "ExportContext", "Fidelity", "engine_module", "export_arm", "import_arm"]
+__all__ = ["ENGINES", "EngineError", "Export", "ExportContext", "Fidelity", "Ref", "engine_module", "export_arm", "import_arm"]

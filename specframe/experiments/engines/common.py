@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.experiments.acceptance import Acceptance, AcceptanceError, fit_static_tree, from_records
-from specframe.experiments.config import ArmConfig, ExperimentConfig
-from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity
+from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity, Ref
 
 #: Policies whose tree is fixed before decoding (a static tree serves them as they are).
 STATIC_POLICIES = ("static", "sequoia")
@@ -17,6 +16,19 @@ STATIC_POLICIES = ("static", "sequoia")
 ADAPTIVE_POLICIES = ("talon", "eagle", "opt-tree", "sampled-tree")
 #: The drafter a policy's tree is drafted from needs ranked children (not a sampled tree).
 LOSSLESS_VERIFIERS = ("greedy", "sampling")
+
+
+@dataclass
+class ArmSpec:
+    """The parts of an arm a mapping reads (an experiment's ``Any`` has the same
+    attributes; the engines do not import the experiment file's module, which imports them)."""
+
+    name: str
+    drafter: Ref | None = None
+    policy: Ref | None = None
+    verifier: Ref | None = None
+    baseline: str | None = None
+    baseline_options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -36,14 +48,14 @@ class ExportContext:
     records: list[dict] = field(default_factory=list)
 
     @classmethod
-    def of(cls, config: ExperimentConfig | None = None, **kwargs: Any) -> "ExportContext":
-        """A context whose model aliases are ``config``'s."""
+    def of(cls, config: Any = None, **kwargs: Any) -> "ExportContext":
+        """A context whose model aliases are ``config``'s (an ``ExperimentConfig``)."""
         models = {}
         if config is not None:
             models = {alias: spec.model for alias, spec in config.models.items()} | {"target": config.target.model}
         return cls(models=models, **kwargs)
 
-    def measured(self, arm: ArmConfig) -> Acceptance | None:
+    def measured(self, arm: Any) -> Acceptance | None:
         """The acceptance passed in, else the one the arm's recorded steps show, else None."""
         if self.acceptance is not None:
             return self.acceptance
@@ -93,7 +105,7 @@ def tree_budget(policy: Any, ctx: ExportContext) -> int:
     return max(2, round(statistics.median(sizes))) if sizes else int(policy.options.get("max_budget", 64))
 
 
-def static_paths(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:
+def static_paths(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:
     """The arm's tree as rank paths: its own (``static``, ``sequoia``) or, for an adaptive
     policy, the static tree fitted to measured acceptance (None when nothing is measured)."""
     from specframe.plugins import get_registry
@@ -119,7 +131,7 @@ def chain_of(paths: tuple[tuple[int, ...], ...]) -> int:
     return max((len(p) for p in paths), default=0)
 
 
-def verifier_fidelity(arm: ArmConfig, engine: str, sampling_note: str) -> Fidelity:
+def verifier_fidelity(arm: Any, engine: str, sampling_note: str) -> Fidelity:
     """How ``engine`` verifies as the arm's verifier does."""
     fid = Fidelity()
     name = arm.verifier.name if arm.verifier is not None else "greedy"

@@ -12,13 +12,21 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 EXACT = "exact"
 APPROXIMATED = "approximated"
 NOT_EXPRESSIBLE = "not expressible"
 #: Levels from most to least faithful.
 LEVELS = (EXACT, APPROXIMATED, NOT_EXPRESSIBLE)
+
+
+class Ref(NamedTuple):
+    """A plugin name and its options, as an import maps an engine key to them (the experiment
+    file checks them against the plugin like any arm's)."""
+
+    name: str
+    options: dict
 
 
 class EngineError(ValueError):

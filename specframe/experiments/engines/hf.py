@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specframe.experiments.config import ArmConfig, PluginRef
 from specframe.experiments.engines.common import (
     ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
-    APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
+    Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "hf"
 #: The transformers version the names and rules were read from.
@@ -48,7 +47,7 @@ def generation_fields() -> set[str]:
     return set(vars(GenerationConfig()))
 
 
-def _chain(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[int, dict]:
+def _chain(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[int, dict]:
     """``(gamma, chain options)`` of the arm's policy; a tree is served as its top chain."""
     p = arm.policy
     if p.name == "chain":
@@ -59,7 +58,7 @@ def _chain(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[int, dict
     return depth, {}
 
 
-def export(arm: ArmConfig, ctx: ExportContext) -> Export:
+def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as ``generate`` keyword arguments."""
     fid, settings, needs = Fidelity(), {}, []
     d = arm.drafter
@@ -93,7 +92,7 @@ def export(arm: ArmConfig, ctx: ExportContext) -> Export:
     return Export(ENGINE, settings, fid, needs, SOURCE)
 
 
-def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef, Fidelity]:
+def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
     """``(drafter, policy, verifier, fidelity)`` of ``generate`` keyword arguments."""
     if not isinstance(table, dict):
         raise EngineError(f"{where}: generate_kwargs must be a table, got {table!r}")
@@ -121,11 +120,11 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
         if threshold > 0:
             chain.update(confidence_stop=True, confidence_threshold=threshold)
             fid.add(APPROXIMATED, "with scikit-learn installed, transformers re-fits assistant_confidence_threshold as it decodes")
-        return PluginRef("model", {"model": model}), PluginRef("chain", chain), PluginRef("greedy", {}), fid
+        return Ref("model", {"model": model}), Ref("chain", chain), Ref("greedy", {}), fid
     if "prompt_lookup_num_tokens" in table:
         fid.add(APPROXIMATED, NGRAM_RULE)
         gamma = int(table["prompt_lookup_num_tokens"])
         size = int(table.get("max_matching_ngram_size") or 2)
-        return (PluginRef("ngram", {"max_ngram": size, "min_ngram": 1}), PluginRef("chain", {"gamma": gamma}),
-                PluginRef("greedy", {}), fid)
+        return (Ref("ngram", {"max_ngram": size, "min_ngram": 1}), Ref("chain", {"gamma": gamma}),
+                Ref("greedy", {}), fid)
     raise EngineError(f"{where}: generate_kwargs need assistant_model or prompt_lookup_num_tokens (what transformers drafts with)")

@@ -11,11 +11,12 @@ stops before a token whose draft probability is below ``p_min`` (that token is n
 
 from __future__ import annotations
 
-from specframe.experiments.config import ArmConfig, PluginRef
+from typing import Any
+
 from specframe.experiments.engines.common import (
     ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
-    APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
+    Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "llamacpp"
 SOURCE_COMMIT = "0017d6fb63f9590e791a7562b276148f7bd5b7fc"
@@ -40,7 +41,7 @@ STOP_RULE = ("llama.cpp stops a draft before a token below p_min; specframe's co
              "token and stops after it")
 
 
-def export(arm: ArmConfig, ctx: ExportContext) -> Export:
+def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as llama-server flags."""
     fid, settings, needs = Fidelity(), {}, []
     p, d = arm.policy, arm.drafter
@@ -91,7 +92,7 @@ def normalise(table: dict, where: str) -> dict:
     return out
 
 
-def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef, Fidelity]:
+def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
     """``(drafter, policy, verifier, fidelity)`` of llama-server flags."""
     if not isinstance(table, dict):
         raise EngineError(f"{where}: args must be a table, got {table!r}")
@@ -105,8 +106,8 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
     if kind == "ngram-simple":
         size_n, size_m = int(table.get("spec_ngram_simple_size_n", 3)), int(table.get("spec_ngram_simple_size_m", 8))
         fid.add(APPROXIMATED, NGRAM_RULE)
-        return (PluginRef("ngram", {"max_ngram": size_n, "min_ngram": size_n}), PluginRef("chain", {"gamma": size_m}),
-                PluginRef("greedy", {}), fid)
+        return (Ref("ngram", {"max_ngram": size_n, "min_ngram": size_n}), Ref("chain", {"gamma": size_m}),
+                Ref("greedy", {}), fid)
     if kind not in (None, "eagle3"):
         raise EngineError(f"{where}: spec_type {kind!r} is not supported; supported: eagle3, ngram-simple (or a draft model alone)")
     path = table.get("spec_draft_model")
@@ -124,7 +125,7 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
         fid.add(APPROXIMATED, STOP_RULE)
     if kind == "eagle3":
         fid.add(APPROXIMATED, "llama.cpp's eagle3 type is read from arg.cpp only; its drafting is not checked against specframe's")
-        drafter = PluginRef("eagle3", {"path": path})
+        drafter = Ref("eagle3", {"path": path})
     else:
-        drafter = PluginRef("model", {"model": path})
-    return drafter, PluginRef("chain", chain), PluginRef("greedy", {}), fid
+        drafter = Ref("model", {"model": path})
+    return drafter, Ref("chain", chain), Ref("greedy", {}), fid

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specframe.experiments.config import ArmConfig, PluginRef
 from specframe.experiments.engines.common import (
     ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
-from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity
+from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
 
 ENGINE = "sglang"
 SOURCE_COMMIT = "001067fffe33427bee0ed2f007fb7551a1d76b44"
@@ -51,7 +50,7 @@ TREE_RULE = ("SGLang's tree is EAGLE-2's (top-k children per level, reranked to 
              "its candidate set and tie-breaking are not checked against specframe's")
 
 
-def _tree_settings(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[int, int, int]:
+def _tree_settings(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[int, int, int]:
     """``(num_steps, eagle_topk, num_draft_tokens)`` of the arm's policy."""
     p = arm.policy
     if p.name == "chain":
@@ -82,7 +81,7 @@ def _tree_settings(arm: ArmConfig, ctx: ExportContext, fid: Fidelity) -> tuple[i
     return chain_of(paths), widest, len(paths) + 1
 
 
-def export(arm: ArmConfig, ctx: ExportContext) -> Export:
+def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as SGLang server arguments."""
     fid, settings, needs = Fidelity(), {}, []
     d = arm.drafter
@@ -132,7 +131,7 @@ def normalise(table: dict) -> dict:
     return out
 
 
-def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef, Fidelity]:
+def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
     """``(drafter, policy, verifier, fidelity)`` of SGLang server arguments."""
     if not isinstance(table, dict):
         raise EngineError(f"{where}: server_args must be a table, got {table!r}")
@@ -152,11 +151,11 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
     name = DRAFTER_OF[algorithm]
     if name == "ngram":
         fid.add(APPROXIMATED, NGRAM_RULE)
-        drafter = PluginRef("ngram", {})
+        drafter = Ref("ngram", {})
         breadth = _int(table, "speculative_ngram_max_bfs_breadth") or 10
         tokens = tokens or 8
-        policy = (PluginRef("chain", {"gamma": tokens - 1}) if breadth == 1 else
-                  PluginRef("eagle", {"top_k": breadth, "budget": tokens, "depth": tokens - 2,
+        policy = (Ref("chain", {"gamma": tokens - 1}) if breadth == 1 else
+                  Ref("eagle", {"top_k": breadth, "budget": tokens, "depth": tokens - 2,
                                       "max_budget": max(64, tokens)}))
         if tokens < 2:
             raise EngineError(f"{where}: speculative_num_draft_tokens must be >= 2 (the root and one drafted token), got {tokens}")
@@ -164,7 +163,7 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
         path = table.get("speculative_draft_model_path")
         if not isinstance(path, str) or not path:
             raise EngineError(f"{where}: speculative_algorithm {algorithm} needs speculative_draft_model_path")
-        drafter = PluginRef(name, {"model" if name == "model" else "path": path})
+        drafter = Ref(name, {"model" if name == "model" else "path": path})
         if steps is None:
             raise EngineError(f"{where}: speculative_num_steps is required for {algorithm}")
         topk = topk or 1
@@ -172,10 +171,10 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
             if tokens not in (None, steps + 1):
                 raise EngineError(f"{where}: with speculative_eagle_topk 1, speculative_num_draft_tokens must be "
                                   f"speculative_num_steps + 1 = {steps + 1}, got {tokens}")
-            policy = PluginRef("chain", {"gamma": steps})
+            policy = Ref("chain", {"gamma": steps})
         else:
             fid.add(APPROXIMATED, TREE_RULE)
             budget = tokens or steps * topk + 1
-            policy = PluginRef("eagle", {"top_k": topk, "depth": steps - 1, "budget": budget,
+            policy = Ref("eagle", {"top_k": topk, "depth": steps - 1, "budget": budget,
                                          "max_budget": max(64, budget)})
-    return drafter, policy, PluginRef("greedy", {}), fid
+    return drafter, policy, Ref("greedy", {}), fid

@@ -14,12 +14,11 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from specframe.experiments.config import ArmConfig, PluginRef
 from specframe.experiments.engines.common import (
     ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, static_paths,
     verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
-    APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
+    Ref, APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "vllm"
 SOURCE_COMMIT = "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443"
@@ -75,7 +74,7 @@ def parse_tree_string(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
-def _drafter(arm: ArmConfig, ctx: ExportContext, settings: dict, fid: Fidelity, needs: list[str]) -> None:
+def _drafter(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity, needs: list[str]) -> None:
     """The drafter's method and options."""
     d = arm.drafter
     o = d.options
@@ -130,7 +129,7 @@ def _shares_lm_head(path: str) -> bool:
         return False
 
 
-def _policy(arm: ArmConfig, ctx: ExportContext, settings: dict, fid: Fidelity) -> None:
+def _policy(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity) -> None:
     """How many tokens, and which tree."""
     p = arm.policy
     if p.name == "chain":
@@ -165,7 +164,7 @@ def _policy(arm: ArmConfig, ctx: ExportContext, settings: dict, fid: Fidelity) -
         fid.add(APPROXIMATED, "budget = 'auto' sizes each step; the fitted tree has the size the run settled on")
 
 
-def export(arm: ArmConfig, ctx: ExportContext) -> Export:
+def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as vLLM's ``speculative_config``."""
     fid, settings, needs = Fidelity(), {}, []
     _drafter(arm, ctx, settings, fid, needs)
@@ -184,7 +183,7 @@ def _int(table: dict, key: str, default: Any = None) -> Any:
     return value
 
 
-def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef, Fidelity]:
+def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
     """``(drafter, policy, verifier, fidelity)`` of a ``speculative_config`` table."""
     if not isinstance(table, dict):
         raise EngineError(f"{where}: speculative_config must be a table, got {table!r}")
@@ -205,7 +204,7 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
         lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)
         if lo > hi:
             raise EngineError(f"{where}: prompt_lookup_min {lo} must be <= prompt_lookup_max {hi}")
-        drafter = PluginRef("ngram", {"max_ngram": hi, "min_ngram": lo})
+        drafter = Ref("ngram", {"max_ngram": hi, "min_ngram": lo})
         fid.add(APPROXIMATED, NGRAM_RULE)
     elif method == "suffix":
         s = {k: table.get(k, v) for k, v in SUFFIX_DEFAULTS.items()}
@@ -215,7 +214,7 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
                 "min_token_prob": float(s["suffix_decoding_min_token_prob"]), "global_tree": cached > 0}
         if cached > 0:
             opts["max_cached_requests"] = cached
-        drafter = PluginRef("suffix", opts)
+        drafter = Ref("suffix", opts)
         n = n or opts["max_depth"]
         fid.add(APPROXIMATED, SUFFIX_RULE)
     else:
@@ -223,26 +222,26 @@ def import_arm(table: dict, where: str) -> tuple[PluginRef, PluginRef, PluginRef
         if not isinstance(model, str) or not model:
             raise EngineError(f"{where}: speculative_config.method {method!r} needs 'model' (the draft model or head folder)")
         key = "model" if method == "draft_model" else "path"
-        drafter = PluginRef(IMPORTED_METHODS[method], {key: model})
+        drafter = Ref(IMPORTED_METHODS[method], {key: model})
     tree = table.get("speculative_token_tree")
     if tree is not None:
         if method not in TREE_DRAFTERS:
             raise EngineError(f"{where}: speculative_token_tree applies to methods {', '.join(TREE_DRAFTERS)}, not {method!r}")
-        policy = PluginRef("static", {"choices": [list(p) for p in parse_tree_string(tree)]})
+        policy = Ref("static", {"choices": [list(p) for p in parse_tree_string(tree)]})
     else:
         if n is None:
             raise EngineError(f"{where}: speculative_config.num_speculative_tokens is required for method {method!r}")
         opts = {"gamma": n}
         if table.get("draft_sample_method", "greedy") == "probabilistic":
             opts["sample"] = True
-        policy = PluginRef("chain", opts)
+        policy = Ref("chain", opts)
     sampled = table.get("draft_sample_method", "greedy")
     if sampled not in ("greedy", "probabilistic"):
         raise EngineError(f"{where}: draft_sample_method {sampled!r}; supported: greedy, probabilistic")
     rejection = table.get("rejection_sample_method", "standard")
     if rejection not in ("standard", "strict"):
         raise EngineError(f"{where}: rejection_sample_method {rejection!r} is not supported; supported: standard, strict")
-    verifier = PluginRef("sampling", {}) if sampled == "probabilistic" else PluginRef("greedy", {})
+    verifier = Ref("sampling", {}) if sampled == "probabilistic" else Ref("greedy", {})
     if fid.level == EXACT and sampled == "probabilistic":
         fid.add(APPROXIMATED, "sampled requests: the same target distribution, other random draws")
     return drafter, policy, verifier, fid
