@@ -11,24 +11,59 @@ tokens per step (root/bonus included):
 times the size and depth are chosen to minimise time per token,
 (d * t_draft + t_target(m)) / max_b T[m][d][b]; the shape is then fixed and drafted like the
 ``static`` policy.
+
+The vector a is measured, never assumed: ``specframe acceptance`` counts it for a model pair on
+a workload (docs/policies.md#sequoia) and writes the file the ``acceptance`` option reads; the
+default is the vector measured that way for the shipped SmolLM2-135M-Instruct EAGLE-3 pair.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from specframe.building import RankPath, build_from_rank_paths
 from specframe.interfaces import DraftSession, TreePolicy
-from specframe.options import BudgetOptions, require
+from specframe.options import BudgetOptions, OptionError, require
 from specframe.search_space import tunable
 from specframe.tree import DraftTree
 
-#: Illustrative default acceptance vector (a decaying profile typical of a well-matched pair).
-#: Measure your own: the frequency of each accepted rank (``StepStats.accepted_ranks``).
-DEFAULT_ACCEPTANCE = (0.55, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01)
+#: Acceptance vectors measured with ``specframe acceptance`` (a probe tree replayed over a
+#: recorded trace; docs/policies.md#sequoia), by the name the ``acceptance`` option takes.
+MEASURED: dict[str, tuple[float, ...]] = {
+    # SmolLM2-135M-Instruct (float32) with its shipped EAGLE-3 head, greedy, on the first 8
+    # prompts of examples/prompts/chat.jsonl (64 new tokens each, chat template): a probe of
+    # 8 ranks x 3 depths, 207 steps (207/123/65 tested at depths 1/2/3). Measured 2026-12-06 on
+    # an Intel Xeon, 2 cores, at commit 2cccb69 with `specframe record
+    # examples/smollm2-serving.toml --out TRACE` then `specframe acceptance
+    # examples/smollm2-serving.toml --arm eagle3+chain --trace TRACE --width 8 --depth 3`.
+    "smollm2-135m-eagle3": (0.2861, 0.0937, 0.0405, 0.0506, 0.0354, 0.0152, 0.0253, 0.0152),
+}
+#: The vector a ``sequoia`` arm uses when it names none.
+DEFAULT_ACCEPTANCE = "smollm2-135m-eagle3"
+
+
+def read_acceptance(value: str) -> tuple[float, ...]:
+    """The vector ``value`` names: a :data:`MEASURED` name, or an acceptance file's ``by_rank``
+    (``specframe acceptance --out FILE``; a JSON list of numbers is read as the vector itself)."""
+    if value in MEASURED:
+        return MEASURED[value]
+    path = Path(value)
+    require(path.is_file(), "acceptance",
+            f"names neither a measured vector ({', '.join(sorted(MEASURED))}) nor an acceptance file: "
+            f"{value!r} (write one with `specframe acceptance RUN_DIR|CONFIG --arm NAME --out FILE`)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise OptionError(f"option 'acceptance': file {value!r} is not JSON: {err}") from err
+    vector = data.get("by_rank") if isinstance(data, dict) else data
+    require(isinstance(vector, list), "acceptance",
+            f"file {value!r} holds no 'by_rank' list (an acceptance file of `specframe acceptance`)")
+    return tuple(vector)
 
 
 @dataclass
@@ -39,7 +74,10 @@ class SequoiaOptions(BudgetOptions):
         budget: largest tree size N (root included) the DP may choose.
         acceptance: positional acceptance vector a[1..B]: a[k] is how often the k-th ranked
             child of a node is the accepted one (entries in [0, 1], sum <= 1). A node gets at
-            most B children.
+            most B children. A list, the path of an acceptance file (``specframe acceptance
+            --out FILE``: its measured ``by_rank``), or the name of a vector in :data:`MEASURED`
+            (default: SmolLM2-135M-Instruct with its EAGLE-3 head). The resolved vector is
+            ``vector``.
         max_depth: largest tree depth the DP may choose (= draft forwards per step).
         draft_time: measured time of one draft forward (seconds, any unit shared with
             ``target_times``).
@@ -49,19 +87,21 @@ class SequoiaOptions(BudgetOptions):
             the tree is the best of exactly N nodes and depth <= max_depth.
     """
 
-    acceptance: tuple = DEFAULT_ACCEPTANCE
+    acceptance: tuple | str = DEFAULT_ACCEPTANCE
     max_depth: int = tunable(12, low=1, high=16)
     draft_time: float = 0.0
     target_times: tuple = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        a = tuple(self.acceptance)
+        a = read_acceptance(self.acceptance) if isinstance(self.acceptance, str) else tuple(self.acceptance)
         require(len(a) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a),
                 "acceptance", f"must be a non-empty list of numbers, got {self.acceptance!r}")
         require(all(0.0 <= x <= 1.0 for x in a), "acceptance", f"entries must lie in [0, 1], got {list(a)}")
         require(sum(a) <= 1.0 + 1e-9, "acceptance", f"must sum to <= 1 (one child is accepted), sum is {sum(a)}")
-        self.acceptance = tuple(float(x) for x in a)
+        self.vector = tuple(float(x) for x in a)
+        if not isinstance(self.acceptance, str):
+            self.acceptance = self.vector
         require(self.max_depth >= 1, "max_depth", f"must be >= 1, got {self.max_depth}")
         require(self.draft_time >= 0.0, "draft_time", f"must be >= 0, got {self.draft_time}")
         t = tuple(self.target_times)
@@ -153,7 +193,7 @@ class SequoiaPolicy(TreePolicy):
         n_max = min(int(budget or self.max_budget), self.max_budget)
         if n_max not in self._paths:
             o = self.options
-            table = sequoia_table(o.acceptance, self.max_budget, o.max_depth)
+            table = sequoia_table(o.vector, self.max_budget, o.max_depth)
             if o.target_times:
                 m, d = choose_size_depth(table, n_max, o.max_depth, o.draft_time, o.target_times)
             else:  # the largest feasible size (B children and max_depth may cap it below N)
