@@ -154,14 +154,15 @@ def finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def recover(study: Any) -> int:
-    """Mark the trials a killed tune left running as failed and enqueue their parameters again
-    (the caller holds the directory's lock, so none of them is alive); returns how many."""
+def recover(study: Any, storage: Any) -> int:
+    """Mark the trials a killed tune left running as failed (in ``storage``, the study's) and
+    enqueue their parameters again (the caller holds the directory's lock, so none of them is
+    alive); returns how many."""
     from optuna.trial import TrialState
 
     dead = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in dead:
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         # Every parameter is suggested before the replay starts, so a dead trial's are complete.
         study.enqueue_trial(dict(trial.params), user_attrs={**trial.user_attrs, "retry_of": trial.number})
     return len(dead)
