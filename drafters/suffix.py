@@ -53,7 +53,7 @@ from specframe.tree import DraftTree
 
 from .datastore import Datastore, load
 from .suffix_cache import SuffixCache
-from .suffix_tree import Draft, Node, cap, f32
+from .suffix_tree import Draft, SuffixTree, cap, f32
 
 Ranked = tuple[list[float], list[int]]
 #: A source's candidates after a path: (token, count) pairs and the count they divide by.
@@ -152,7 +152,8 @@ class SuffixDrafter(Drafter):
 
     def _reset_step(self) -> None:
         """Forget the step's draft and memos (the committed sequence changed)."""
-        self._choice: tuple[Node | None, int] | None = None  # (matched node or None: datastore, cap)
+        # (tree the draft came from, or None for the datastore; matched node; token cap)
+        self._choice: tuple[SuffixTree | None, int, int] | None = None
         self._cums: dict[tuple[int, ...], float] = {(): 1.0}
         self._rows: dict[tuple[int, ...], Ranked] = {}
 
@@ -187,20 +188,23 @@ class SuffixDrafter(Drafter):
     def draft(self) -> Draft:
         """The step's draft as the reference computes it (module docstring); it fixes the
         source and match the rows come from."""
+        return self._best()[0]
+
+    def _best(self) -> tuple[Draft, SuffixTree | None]:
         opts = self.options
         args = (opts.spec_tokens, opts.max_spec_factor, opts.max_spec_offset, opts.min_token_prob)
-        best, _ = self.cache.speculate(self.tokens, *args)
+        best, tree = self.cache.speculate(self.tokens, *args)
         if self.datastore is not None:
             other = self._datastore_draft()
             if other.score > best.score:
-                best = other
-        return best
+                return other, None
+        return best, tree
 
-    def _chosen(self) -> tuple[Node | None, int]:
+    def _chosen(self) -> tuple[SuffixTree | None, int, int]:
         if self._choice is None:
-            best = self.draft()
+            best, tree = self._best()
             limit = 0 if not best.match_len else cap(best.match_len, *self._cap_args())
-            self._choice = (best.node, limit)
+            self._choice = (tree, best.node, limit)
         return self._choice
 
     def _cap_args(self) -> tuple[int, float, float]:
@@ -236,14 +240,14 @@ class SuffixDrafter(Drafter):
 
     def children(self, path: tuple[int, ...]) -> Children | None:
         """The winning source's candidates after ``path`` (None: the path leaves it)."""
-        node, _ = self._chosen()
-        if node is None:
-            return self._datastore_children(path) if self.datastore is not None and self._choice[1] else None
+        tree, node, limit = self._chosen()
+        if tree is None:
+            return self._datastore_children(path) if limit else None
         for tok in path:
-            node = node.children.get(tok)
-            if node is None:
+            node = tree.child(node, tok)
+            if node < 0:
                 return None
-        return [(c.token, c.count) for c in node.order], node.count
+        return [(tree.token[c], tree.count[c]) for c in tree.children(node)], tree.count[node]
 
     # ------------------------------------------------------------------ rows
     def cumulative(self, path: tuple[int, ...]) -> float:
@@ -267,7 +271,7 @@ class SuffixDrafter(Drafter):
         return row
 
     def _candidates(self, path: tuple[int, ...]) -> Ranked | None:
-        _, limit = self._chosen()
+        limit = self._chosen()[2]
         if len(path) >= limit:
             return None
         cum = self.cumulative(path)

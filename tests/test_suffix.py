@@ -156,16 +156,16 @@ def test_eviction_keeps_at_most_max_cached_requests_the_active_one_included():
     assert [r[0] for r in drafter.cache.responses()] == [14, 18]
     drafter.begin(torch.tensor([1]))  # its slot evicts the oldest
     assert [r[0] for r in drafter.cache.responses()] == [18]
-    assert 14 not in drafter.cache.global_tree.root.children and 18 in drafter.cache.global_tree.root.children
+    assert drafter.cache.global_tree.child(0, 14) < 0 and drafter.cache.global_tree.child(0, 18) > 0
 
 
 def counts(tree: SuffixTree) -> dict[tuple[int, ...], int]:
     """Every node's substring and count (the order of siblings aside)."""
-    out, stack = {}, [((), tree.root)]
+    out, stack = {}, [((), 0)]
     while stack:
         key, node = stack.pop()
-        out[key] = node.count
-        stack += [(key + (t,), c) for t, c in node.children.items()]
+        out[key] = tree.count[node]
+        stack += [(key + (tree.token[c],), c) for c in tree.children(node)]
     return out
 
 
