@@ -16,6 +16,9 @@ context. Every step, at the defaults (vLLM's):
 - a tree policy's top path (each node's most probable child, from the root) starts as the
   reference's draft, within its budget, under the same tie allowance.
 
+Below the drafter, specframe's suffix tree gives the reference tree's path drafts exactly (ties
+included) after random appends, removals and undone appends, at random options.
+
 Skipped, naming the package, where arctic-inference is not installed (``scripts/install_parity.sh``
 installs it; CI runs it).
 """
@@ -30,6 +33,7 @@ import pytest
 import torch
 
 import specframe
+from specframe.drafters.suffix_tree import SuffixTree
 from specframe.testing.harness import greedy_reference
 from specframe.testing.models import tiny_model
 
@@ -159,3 +163,39 @@ def test_a_tree_policy_starts_its_top_path_as_the_reference(model, policy):
     tally = Tally()
     run(policy, workload(4, 48, seed=1), model, tally, prefix_only=True)
     assert tally.drafted > 0 and tally.equal + tally.tied == tally.steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tree_drafts_as_the_reference_tree(seed):
+    """Random sequences over a small vocabulary (many ties), appended in pieces, some removed,
+    some appends taken back: every draft equals the reference tree's, token, probability,
+    score and match length."""
+    rng = random.Random(seed)
+    compared = 0
+    for _ in range(60):
+        depth, vocab = rng.choice([2, 3, 5, 24]), rng.choice([2, 3, 5, 10])
+        theirs, ours = reference._C.SuffixTree(depth), SuffixTree(depth)
+        live: set[int] = set()
+        for _ in range(rng.randint(1, 12)):
+            if live and rng.random() < 0.2:
+                seq = rng.choice(sorted(live))
+                live.discard(seq)
+                theirs.remove(seq)
+                ours.remove(seq)
+                continue
+            seq = rng.randint(0, 4)
+            kept = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
+            extra = [rng.randrange(vocab) for _ in range(rng.randint(0, 3))]
+            theirs.extend(seq, kept)
+            ours.extend(seq, kept + extra, undoable=True)
+            ours.extend(seq, ours.undo()[: len(kept)])
+            live.add(seq)
+            for _ in range(3):
+                context = [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+                args = (rng.randint(0, 10), rng.choice([0.5, 1.0, 2.0]), rng.choice([0.0, 1.0]),
+                        rng.choice([0.0, 0.1, 0.3]))
+                want, got = theirs.speculate(context, *args, False), ours.speculate(context, *args)
+                assert (got.tokens, got.probs, got.score, got.match_len) == (
+                    list(want.token_ids), list(want.probs), want.score, want.match_len), (context, args)
+                compared += 1
+    assert compared > 300
