@@ -30,6 +30,7 @@ main { display: flex; gap: 12px; padding: 12px; align-items: flex-start; }
 .prompt pre { font-family: inherit; color: #444; max-height: 8em; overflow: auto; }
 .caption { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); margin-top: 6px; }
 .turn { line-height: 1.8; }
+.answer { max-height: 45vh; overflow-y: auto; }
 .s { border-radius: 3px; padding: 1px 0; cursor: pointer; }
 .s:nth-child(odd) { background: #eef3fb; }
 .s:nth-child(even) { background: #fdf3e1; }

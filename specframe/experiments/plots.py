@@ -240,8 +240,10 @@ def tree_drawings(run: dict, summary: dict, path: Path, k: int = 3) -> Path | No
             nx.draw_networkx(graph, pos, ax=ax, node_size=40 if small else 14, node_color=colors,
                              with_labels=False, arrows=False, width=0.6)
             shown = [n for n in graph if small or n == 0 or graph.nodes[n]["accepted"]]
-            nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: node_label(data, n) for n in shown}, font_size=6,
-                                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+            beside = {n: (x + 0.25, y) for n, (x, y) in pos.items()}  # right of the dot: its colour stays visible
+            nx.draw_networkx_labels(graph, beside, ax=ax, labels={n: node_label(data, n) for n in shown}, font_size=7,
+                                    horizontalalignment="left",
+                                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
             ax.set_title(f"{name}: {graph.number_of_nodes()} nodes, depth {max(data['depths'])}, "
                          f"{len(data.get('accepted', [])) - 1} accepted", fontsize=8)
             ax.axis("off")
@@ -262,37 +264,41 @@ def shape_points(records: list[dict]) -> np.ndarray:
 
 
 def shape_vs_confidence(run: dict, summary: dict, path: Path, bins: int = 8) -> Path | None:
-    """TALON's figure, from this run: per tree arm, tree depth and widest layer against the
-    drafter's confidence at the root (each step a dot, the mean per confidence bin a line).
-    An adaptive policy goes deep and narrow where the drafter is sure, wide and shallow where
-    it is not; a fixed shape draws flat lines. None without recorded root confidences."""
-    colors = arm_colors(summary)
+    """TALON's figure, from this run: one panel per tree arm, its tree depth (left axis) and
+    widest layer (right axis) against the drafter's confidence at the root; each step a dot,
+    the mean per confidence bin a line. An adaptive policy goes deep and narrow where the
+    drafter is sure, wide and shallow where it is not; a fixed shape draws flat lines. None
+    without recorded root confidences."""
     arms = [(a["name"], shape_points(run["arms"].get(a["name"], []))) for a in summary["arms"]]
     arms = [(n, pts) for n, pts in arms if len(pts)]
     if not arms:
         return None
-    fig = _figure(12.0, 4.6)
-    axes = [fig.add_subplot(1, 2, k + 1) for k in range(2)]
+    rows, cols = _grid(len(arms), 4)
+    fig = _figure(3.9 * cols, 3.0 * rows + 0.4)
     edges = np.linspace(0.0, 1.0, bins + 1)
     rng = np.random.default_rng(0)  # jitter only spreads integer shapes apart; seeded, reproducible
-    for name, pts in arms:
-        color = colors[name]
+    for i, (name, pts) in enumerate(arms):
+        left = fig.add_subplot(rows, cols, i + 1)
+        right = left.twinx()
         which = np.clip(np.digitize(pts[:, 0], edges) - 1, 0, bins - 1)
-        for ax, col in ((axes[0], 1), (axes[1], 2)):
-            ax.scatter(pts[:, 0], pts[:, col] + rng.uniform(-0.15, 0.15, len(pts)), s=6, alpha=0.25, color=color)
-            used = [b for b in range(bins) if (which == b).any()]
-            means = [pts[which == b, col].mean() for b in used]
-            centres = [(edges[b] + edges[b + 1]) / 2 for b in used]
-            ax.plot(centres, means, marker="o", ms=4, lw=1.6, color=color, label=name)
-    for ax, label in ((axes[0], "tree depth"), (axes[1], "widest layer (nodes, below the root)")):
-        ax.set_xlim(0, 1)
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("drafter's confidence at the root (top child's probability)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_title("Depth vs root confidence (dots: steps; lines: bin means)", fontsize=10)
-    axes[1].set_title("Width vs root confidence", fontsize=10)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        used = [b for b in range(bins) if (which == b).any()]
+        centres = [(edges[b] + edges[b + 1]) / 2 for b in used]
+        for ax, col, color, label in ((left, 1, "tab:blue", "depth"), (right, 2, "tab:orange", "widest layer")):
+            ax.scatter(pts[:, 0], pts[:, col] + rng.uniform(-0.15, 0.15, len(pts)), s=5, alpha=0.2, color=color)
+            ax.plot(centres, [pts[which == b, col].mean() for b in used], marker="o", ms=3, lw=1.8, color=color,
+                    label=label)
+            ax.set_ylim(0, max(1.0, float(pts[:, col].max())) * 1.08)
+            ax.tick_params(axis="y", colors=color, labelsize=7)
+        left.set_xlim(0, 1)
+        left.tick_params(axis="x", labelsize=7)
+        left.set_title(f"{name} ({len(pts)} steps)", fontsize=9)
+        if i % cols == 0:
+            left.set_ylabel("tree depth", color="tab:blue", fontsize=8)
+        if i % cols == cols - 1 or i == len(arms) - 1:
+            right.set_ylabel("widest layer (nodes)", color="tab:orange", fontsize=8)
+        if i >= len(arms) - cols:
+            left.set_xlabel("root confidence (top child's p)", fontsize=8)
+    fig.suptitle("Tree shape vs the drafter's confidence at the root (dots: steps; lines: mean per bin)", fontsize=10)
     return _save(fig, path)
 
 
