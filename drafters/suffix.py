@@ -48,6 +48,7 @@ import torch
 
 from specframe.interfaces import Drafter
 from specframe.options import require
+from specframe.search_space import tunable
 from specframe.selection import pad_top
 from specframe.tree import DraftTree
 
@@ -84,13 +85,13 @@ class SuffixDrafterOptions:
         min_match: shortest datastore match that counts.
     """
 
-    max_depth: int = 24
+    max_depth: int = tunable(24, low=4, high=32)
     max_spec_tokens: int | None = None
-    max_spec_factor: float = 1.0
-    max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
-    global_tree: bool = True
-    max_cached_requests: int = 10000
+    max_spec_factor: float = tunable(1.0, low=0.25, high=4.0, log=True)
+    max_spec_offset: float = tunable(0.0, low=0.0, high=4.0)
+    min_token_prob: float = tunable(0.1, low=0.0, high=0.5)
+    global_tree: bool = tunable(True, choices=(True, False))
+    max_cached_requests: int = tunable(10000, low=4, high=10000, log=True, when={"global_tree": True})
     fallback_prob: float = 0.0
     datastore: str | None = None
     max_match: int = 16
