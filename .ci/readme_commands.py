@@ -1,7 +1,8 @@
 """Print one of the README's two set-up commands, so CI runs what a new user copies.
 
-    python3 .ci/readme_commands.py setup   # installs what is needed and runs the demo
-    python3 .ci/readme_commands.py test    # runs the tests
+    python3 .ci/readme_commands.py setup    # installs what is needed and runs the demo
+    python3 .ci/readme_commands.py install  # the set-up line up to the demo: the install alone
+    python3 .ci/readme_commands.py test     # runs the tests
 
 They are the first two ```bash blocks under the README's "## Set up" heading; anything else
 there is an error, so CI cannot drift from the page.
@@ -15,6 +16,8 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 WHICH = ("setup", "test")
+#: How the set-up line ends: the demo, after the install.
+DEMO = " && specframe demo"
 
 
 def readme_commands(text: str) -> dict[str, str]:
@@ -30,10 +33,14 @@ def readme_commands(text: str) -> dict[str, str]:
     for which, command in zip(WHICH, commands):
         if "\n" in command:
             raise SystemExit(f"README.md's {which} command is not one line: {command!r}")
-    return dict(zip(WHICH, commands))
+    found = dict(zip(WHICH, commands))
+    if not found["setup"].endswith(DEMO):
+        raise SystemExit(f"README.md's set-up command does not end with {DEMO.strip()!r}: {found['setup']!r}")
+    found["install"] = found["setup"][: -len(DEMO)]
+    return found
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in WHICH:
-        raise SystemExit(f"usage: readme_commands.py {{{'|'.join(WHICH)}}}")
+    if len(sys.argv) != 2 or sys.argv[1] not in (*WHICH, "install"):
+        raise SystemExit(f"usage: readme_commands.py {{{'|'.join((*WHICH, 'install'))}}}")
     print(readme_commands(README.read_text(encoding="utf-8"))[sys.argv[1]])

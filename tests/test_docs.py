@@ -134,7 +134,8 @@ def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     assert commands["setup"].startswith("pip install torch==") and "pip install -e '.[" in commands["setup"]
     ci = (DOCS.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m venv --clear" in ci.replace("python3", "python")
-    assert "readme_commands.py setup" in ci and "readme_commands.py test" in ci
+    assert commands["install"] + " && specframe demo" == commands["setup"]
+    assert "readme_commands.py install" in ci and "readme_commands.py test" in ci
     assert "pip install -e" not in ci, ".ci/run installs the project only through the README's line"
 
 
