@@ -227,38 +227,73 @@ def test_report_links_the_page_and_shows_the_shape_plot(run_dir):
     assert (run_dir / "plots" / "trees.png").stat().st_size
 
 
-def test_every_tree_on_the_page_equals_its_recorded_step(run_dir, page):
-    raw, parsed = page
+def check_trees_against_records(run_dir: Path, raw: str, parsed: Page, arms, decode) -> int:
+    """Every explored answer's trees on the page equal its recorded steps: node count, tokens,
+    parents, depths, accepted path, and the node text (which ``decode(token)`` gives, where the
+    text is printable); returns how many trees were checked."""
     checked = 0
-    for arm in TREE_ARMS:
+    for arm in arms:
         a = arm_index(raw, arm)
         for qid, rec in records(run_dir, arm).items():
             if "token_text" not in rec:
-                assert not any(k.startswith(f"a-{a}-") and k.endswith(f"-{qid}") for k in parsed.templates)
                 continue
             q = question_index(raw, qid)
+            assert [t["step"] for t in rec["trees"]] == list(range(len(rec["steps"]["emitted"])))
             for tree in rec["trees"]:
                 shown = parsed.templates[f"t-{a}-{q}-{tree['step']}"]
                 nodes = [n for n in shown["nodes"] if not n["bonus"]]
-                assert len(nodes) == len(tree["tokens"])
+                assert len(nodes) == len(tree["tokens"]) == rec["steps"]["tree_size"][tree["step"]]
                 by_index = {int(n["n"]): n for n in nodes}
                 assert sorted(by_index) == list(range(len(tree["tokens"])))
                 for i, node in by_index.items():
                     assert node["t"] == tree["tokens"][i]
                     assert (int(node["parent"]) if node["parent"] is not None else -1) == tree["parents"][i]
                     assert node["depth"] == tree["depths"][i]
-                    text = tree["text"][i]
+                    text = decode(tree["tokens"][i])
+                    assert tree["text"][i] == text
                     if text.isprintable() and " " not in text and text:
                         assert node["text"] == text
                     elif text == " ":
                         assert node["text"] == "\u2423"
                 accepted = [int(n["n"]) for n in nodes if "acc" in n["cls"]]
                 assert sorted(accepted) == sorted(tree["accepted"])
+                assert len(tree["accepted"]) - 1 == rec["steps"]["accepted"][tree["step"]]
                 assert f"tree {len(tree['tokens'])} nodes" in shown["info"]
                 assert f"accepted {len(tree['accepted']) - 1}" in shown["info"]
                 checked += 1
+    return checked
+
+
+def test_every_tree_on_the_page_equals_its_recorded_step(run_dir, page):
+    raw, parsed = page
+    checked = check_trees_against_records(run_dir, raw, parsed, TREE_ARMS, byte_text)
     assert checked == sum(len(r["trees"]) for arm in TREE_ARMS for r in records(run_dir, arm).values()
-                          if "token_text" in r)
+                          if "token_text" in r) > 20
+    # a question outside the explorer is not on the page: two questions, two answers per tree arm
+    assert [label.split(" ")[0] for label in _options(raw, '<select id="question">')] == ["0", "q<1>"]
+    assert sorted(t for t in parsed.templates if t.startswith("a-")) == ["a-0-0", "a-0-1", "a-1-0", "a-1-1"]
+
+
+def test_the_tiny_demo_pages_trees_equal_its_records(tmp_path):
+    """The tiny demo pair (a real tokenizer) on one question: every arm's trees on the page."""
+    import dataclasses
+
+    from specframe import load_tokenizer
+
+    cfg = load_config(Path(__file__).parents[1] / "examples" / "demo-tiny.toml")
+    cfg = dataclasses.replace(cfg, max_new_tokens=24, warmup=0, data=dataclasses.replace(cfg.data, limit=1),
+                              output=dataclasses.replace(cfg.output, explorer_questions=1))
+    outcome = run_experiment(cfg, out_dir=tmp_path / "out", progress=False)
+    write_report(outcome.out_dir)
+    raw = (tmp_path / "out" / "trees.html").read_text(encoding="utf-8")
+    parsed = Page()
+    parsed.feed(raw)
+    tokenizer = load_tokenizer(cfg.target.model)
+    arms = [a.name for a in cfg.arms if not a.baseline]
+    checked = check_trees_against_records(Path(outcome.out_dir), raw, parsed, arms,
+                                          lambda t: tokenizer.decode([t], skip_special_tokens=False))
+    assert checked == sum(len(r["trees"]) for arm in arms for r in records(Path(outcome.out_dir), arm).values())
+    assert checked > 20
 
 
 def test_the_bonus_token_is_the_token_after_the_accepted_path(run_dir, page):
