@@ -294,6 +294,7 @@ def test_the_tiny_demo_pages_trees_equal_its_records(tmp_path):
                                           lambda t: tokenizer.decode([t], skip_special_tokens=False))
     assert checked == sum(len(r["trees"]) for arm in arms for r in records(Path(outcome.out_dir), arm).values())
     assert checked > 20
+    assert check_shape_pointers(Path(outcome.out_dir), raw, parsed, arms) >= 1  # talon's shape changes
 
 
 def test_the_bonus_token_is_the_token_after_the_accepted_path(run_dir, page):
@@ -313,6 +314,38 @@ def test_the_bonus_token_is_the_token_after_the_accepted_path(run_dir, page):
         else:
             assert not bonus
         position += emitted
+
+
+def _widest(depths: list[int]) -> int:
+    return max((depths.count(k) for k in range(1, max(depths) + 1)), default=0)
+
+
+def check_shape_pointers(run_dir: Path, raw: str, parsed: Page, arms) -> int:
+    """report.md names, for each arm whose explored trees take more than one (depth, widest
+    layer) shape, its deepest and its widest step, and each link opens a tree of that depth or
+    width; an arm of one shape gets no line. Returns how many arms got lines."""
+    report = (run_dir / "report.md").read_text()
+    pointed = 0
+    for arm in arms:
+        trees = [t for r in records(run_dir, arm).values() if "token_text" in r for t in r["trees"]]
+        lines = [line for line in report.splitlines() if line.startswith(f"- `{arm}`, ")]
+        if len({(max(t["depths"]), _widest(t["depths"])) for t in trees}) < 2:
+            assert not lines, f"{arm} has one shape but the report points at {lines}"
+            continue
+        pointed += 1
+        for kind, measure in (("deepest", lambda d: max(d)), ("widest", _widest)):
+            line = next(line for line in lines if line.startswith(f"- `{arm}`, {kind}:"))
+            q, a, step = map(int, re.search(r"\(trees\.html#q=(\d+)&a=(\d+)&s=(\d+)\)", line).groups())
+            assert a == arm_index(raw, arm)
+            shown = [n["depth"] for n in parsed.templates[f"t-{a}-{q}-{step}"]["nodes"] if not n["bonus"]]
+            assert measure(shown) == max(measure(t["depths"]) for t in trees)
+    return pointed
+
+
+def test_the_report_points_only_at_arms_whose_shape_changes(run_dir, page):
+    raw, parsed = page
+    check_shape_pointers(run_dir, raw, parsed, TREE_ARMS)
+    assert "- `chain`" not in (run_dir / "report.md").read_text()  # a chain has one shape
 
 
 def test_answer_spans_are_the_steps_and_read_as_the_answer(run_dir, page):
@@ -428,6 +461,12 @@ def test_in_a_browser_a_click_opens_the_steps_tree(run_dir, page):
             # the prompt is shown as text, and nothing ran but the page's script
             assert SCRIPT in left.locator(".prompt").inner_text()
             assert tab.evaluate("document.querySelectorAll('script').length") == 1
+            # a link naming a step opens it in the left pane (a new tab: a hash change alone does not reload)
+            linked = browser.new_page()
+            linked.on("pageerror", lambda e: problems.append(str(e)))
+            linked.goto((run_dir / "trees.html").as_uri() + f"#q=0&a={chain}&s=2")
+            assert linked.locator(".pane").nth(0).locator(".s.sel").get_attribute("data-step") == "2"
+            assert linked.locator(".pane").nth(0).locator(".treebox .n[data-n]").count() == 4  # a gamma-3 chain
             assert not problems
         finally:
             browser.close()

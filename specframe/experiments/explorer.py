@@ -154,8 +154,7 @@ def _question_label(qid: str, record: dict, prompts: list[str]) -> str:
 def render_body(run: dict, arms: list[tuple[str, dict[str, dict]]]) -> str:
     """The page body: the controls, two panes, and a ``<template>`` per answer and per tree."""
     prompts = run.get("prompts") or {}
-    order = list(prompts) + sorted({q for _, recs in arms for q in recs} - set(prompts))
-    qids = [q for q in order if any(q in recs for _, recs in arms)]
+    qids = explorer_questions(run, arms)
     first = {q: next(recs[q] for _, recs in arms if q in recs) for q in qids}
     options = "".join(f'<option value="{i}">{_esc(_question_label(q, first[q], prompts.get(q, [])))}</option>'
                       for i, q in enumerate(qids))
@@ -189,6 +188,37 @@ def render_body(run: dict, arms: list[tuple[str, dict[str, dict]]]) -> str:
               "<span class=\"tok\">\u2423</span> (space), <span class=\"tok\">\u21b5</span> (newline), "
               "<span class=\"tok\">\u2192</span> (tab).</div></header>")
     return f"{header}<main>{''.join(panes)}</main><div hidden>{''.join(templates)}</div>"
+
+
+def explorer_questions(run: dict, arms: list[tuple[str, dict[str, dict]]]) -> list[str]:
+    """The page's questions (ids as JSON), in data-file order: those some arm has an answer to."""
+    prompts = run.get("prompts") or {}
+    order = list(prompts) + sorted({q for _, recs in arms for q in recs} - set(prompts))
+    return [q for q in order if any(q in recs for _, recs in arms)]
+
+
+def shape_extremes(run: dict) -> list[dict]:
+    """Per arm on the page whose trees change shape: its deepest and its widest recorded step
+    (``{"arm", "kind", "question_id", "step", "depth", "width", "root_p", "anchor"}``; ``anchor``
+    opens that step in trees.html). Where TALON's adaptive shape can be seen, step by step."""
+    arms = explorer_arms(run)
+    qids = explorer_questions(run, arms)
+    out = []
+    for a, (name, recs) in enumerate(arms):
+        points = []
+        for q, rec in recs.items():
+            root_p = rec.get("steps", {}).get("root_p") or []
+            for tree in rec["trees"]:
+                width = max(width_per_layer(tree), default=0)
+                p = root_p[tree["step"]] if tree["step"] < len(root_p) else None
+                points.append((max(tree["depths"]), width, p, q, tree["step"]))
+        if len({(d, w) for d, w, *_ in points}) < 2:
+            continue  # one fixed shape: nothing to point at
+        for kind, key in (("deepest", lambda t: (t[0], -t[1])), ("widest", lambda t: (t[1], -t[0]))):
+            depth, width, p, q, step = max(points, key=key)
+            out.append({"arm": name, "kind": kind, "question_id": json.loads(q), "step": step, "depth": depth,
+                        "width": width, "root_p": p, "anchor": f"q={qids.index(q)}&a={a}&s={step}"})
+    return out
 
 
 def write_explorer(run: dict, path: str | Path) -> Path | None:

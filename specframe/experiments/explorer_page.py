@@ -127,6 +127,20 @@ SCRIPT = r"""
   });
   question.addEventListener("change", function () { panes.forEach(showAnswer); });
   panes.forEach(showAnswer);
+  // A link may name a step: trees.html#q=0&a=3&s=12 (question, arm, step; numbers only).
+  var want = {};
+  location.hash.slice(1).split("&").forEach(function (kv) {
+    var pair = kv.split("=");
+    if (/^[0-9]+$/.test(pair[1] || "")) want[pair[0]] = pair[1];
+  });
+  if (want.q !== undefined && want.a !== undefined && want.s !== undefined) {
+    var left = panes[0], arm = left.querySelector("select.arm");
+    question.value = want.q;
+    arm.value = want.a;
+    panes.forEach(showAnswer);
+    var span = left.querySelector('.s[data-step="' + want.s + '"]');
+    if (span) { openStep(left, span); span.scrollIntoView({block: "center"}); }
+  }
 })();
 """
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specframe.experiments.explorer import write_explorer
+from specframe.experiments.explorer import shape_extremes, write_explorer
 from specframe.experiments.metrics import load_run, summarize
 from specframe.experiments.runs import RunDir, write_json
 
@@ -89,8 +89,10 @@ def _md_table(rows: list[list[str]], cols: tuple[str, ...] = COLUMNS) -> list[st
     return lines
 
 
-def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None) -> str:
-    """The report text; ``explorer``: the path of trees.html relative to the report, if written."""
+def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None,
+             extremes: list[dict] | None = None) -> str:
+    """The report text; ``explorer``: the path of trees.html relative to the report, if written;
+    ``extremes``: its steps to point at (:func:`specframe.experiments.explorer.shape_extremes`)."""
     base = summary.get("baseline")
     acc, qual = with_accuracy(summary), with_quality(summary)
     cols = columns(summary)
@@ -121,6 +123,12 @@ def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None
                   "questions cut into its steps; click a step to see its draft tree in decoded text, with the drafter's "
                   "probabilities, the accepted path, the bonus token and the step's budget, depth and width per layer, "
                   "two arms side by side."]
+        if extremes:
+            lines += ["", "Each arm's deepest and widest tree there (an adaptive policy's shape follows the drafter's "
+                      "confidence at the root):", ""]
+            lines += [f"- `{e['arm']}`, {e['kind']}: [question {e['question_id']!r}, step {e['step'] + 1}]"
+                      f"({explorer}#{e['anchor']}): depth {e['depth']}, widest layer {e['width']}"
+                      + (f", root confidence {e['root_p']:.2f}" if e["root_p"] is not None else "") for e in extremes]
     if figures:
         lines += ["", "## Figures", ""]
         for title, rel in figures.items():
@@ -217,7 +225,8 @@ def write_report(out_dir: str | Path, plots: bool = True) -> dict:
 
         figures = make_plots(run, summary, run_dir.plots)
         figures = {title: str(Path(p).relative_to(run_dir.path)) for title, p in figures.items()}
-    run_dir.report.write_text(markdown(summary, figures, explorer and explorer.name), encoding="utf-8")
+    extremes = shape_extremes(run) if explorer else []
+    run_dir.report.write_text(markdown(summary, figures, explorer and explorer.name, extremes), encoding="utf-8")
     return summary
 
 
