@@ -134,6 +134,10 @@ def _run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool
         raise click.ClickException(one_line(err)) from err
     out_dir = out or config.output.dir
     console = _console()
+    for arm in config.arms:
+        if arm.imported:  # an arm written in an engine's vocabulary says how faithfully it runs
+            console.print(f"{arm.name}: imported from {arm.imported['engine']}; fidelity: {arm.imported['fidelity']}",
+                          markup=False)
     try:
         outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
         summary = write_report(outcome.out_dir)

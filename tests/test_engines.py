@@ -331,3 +331,34 @@ def test_export_command_writes_the_config_and_its_statement(tmp_path):
     assert "fidelity: approximated" in result.output and "names read from: vllm-project/vllm" in result.output
     result = runner.invoke(cli, ["export", str(tmp_path / "exp.toml"), "--arm", "recycle", "--to", "sglang"])
     assert result.exit_code == 1 and "not expressible" in result.output
+
+
+def test_an_imported_arm_runs_beside_its_specframe_twin_and_says_how_faithfully(tmp_path):
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"question_id": i, "category": "a", "turns": [f"ab ab {i} ab"]}) + "\n"
+                                              for i in range(2)))
+    (tmp_path / "exp.toml").write_text('name = "imp"\nmax_new_tokens = 10\nwarmup = 0\nstop_at_eos = false\nthreads = 1\n'
+                                       + TINY_PAIR_TOML + textwrap.dedent('''
+        [[arm]]
+        name = "ngram"
+        drafter = "ngram"
+        drafter_options = { max_ngram = 3, min_ngram = 1 }
+        policy = "chain"
+        policy_options = { gamma = 3 }
+        [[arm]]
+        name = "vllm-ngram"
+        engine = "vllm"
+        speculative_config = { method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 3, prompt_lookup_min = 1 }
+        [data]
+        path = "p.jsonl"
+        [output]
+        dir = "out"
+    '''))
+    result = CliRunner().invoke(cli, ["run", str(tmp_path / "exp.toml"), "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "vllm-ngram: imported from vllm; fidelity: approximated" in result.output
+    from specframe.experiments.metrics import load_run
+
+    run = load_run(tmp_path / "out")
+    steps = {name: [r["steps"]["accepted"] for r in records] for name, records in run["arms"].items()}
+    assert steps["vllm-ngram"] == steps["ngram"]  # the same specframe arm, step for step
+    assert run["descriptions"]["vllm-ngram"]["imported"]["speculative_config"]["method"] == "ngram"
