@@ -25,6 +25,7 @@ from specframe.experiments.tokentext import visible
 
 
 def _esc(value: Any) -> str:
+    """``value`` as HTML text or attribute value: every ``<``, ``>``, ``&`` and quote escaped."""
     return html.escape(str(value), quote=True)
 
 
@@ -67,7 +68,7 @@ def render_answer(record: dict, prompts: list[str], tree_steps: set[int]) -> str
     for turn in range(len(record["token_text"])):
         if turn < len(prompts):
             parts.append(f'<div class="prompt"><div class="caption">prompt{f" (turn {turn + 1})" if turn else ""}'
-                         f'</div><pre>{_esc(prompts[turn])}</pre></div>')
+                         f'</div><pre>{_esc(visible(prompts[turn], whitespace=False))}</pre></div>')
         parts.append(f'<div class="caption">answer</div><div class="turn">{"".join(spans.get(turn, []))}</div>')
     return "".join(parts)
 
@@ -133,7 +134,8 @@ def render_step(record: dict, tree: dict, start: int, end: int, total: int) -> s
     steps = record.get("steps", {})
     step = tree["step"]
     bonus = bonus_token(record, tree, start, end)
-    root_p = (steps.get("root_p") or [None] * total)[step] if step < len(steps.get("root_p") or []) else None
+    root_ps = steps.get("root_p") or []
+    root_p = root_ps[step] if step < len(root_ps) else None
     facts = [
         ("step", f"{step + 1} of {total}"),
         ("budget", str(tree["budget"]) if "budget" in tree else "-"),
@@ -147,7 +149,8 @@ def render_step(record: dict, tree: dict, start: int, end: int, total: int) -> s
 
 
 def _question_label(qid: str, record: dict, prompts: list[str]) -> str:
-    first = " ".join((prompts[0] if prompts else "").split())
+    """``id · category: the prompt's first 70 characters`` (the question choice's text)."""
+    first = visible(" ".join((prompts[0] if prompts else "").split()), whitespace=False)
     return f"{json.loads(qid)} \u00b7 {record.get('category', '')}: " + (first[:70] + ("\u2026" if len(first) > 70 else ""))
 
 
