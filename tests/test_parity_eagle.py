@@ -11,7 +11,8 @@ and generated ones) gives:
   ``eagle.model.utils_c``) followed by ``generate_candidates``, with each row's logits taken
   from the same synthetic drafter.
 
-Skipped, naming the package, where eagle-llm is not installed (``scripts/install_parity.sh``).
+Skipped, naming the package, where eagle-llm is not installed (``scripts/install_parity.sh``); a failure
+instead under ``SPECFRAME_REQUIRE_PARITY=1``, as CI runs it.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from hypothesis import strategies as st
 
 from specframe.decode.engine import make_plugin
 from specframe.strategies.static import MC_SIM_7B_63
+from specframe.testing import parity
 from specframe.testing.synthetic import SyntheticDrafter, make_session
 
-reason = "eagle-llm (EAGLE-1's reference) is not installed: bash scripts/install_parity.sh"
-eagle_utils = pytest.importorskip("eagle.model.utils", reason=reason)
-eagle_draft_utils = pytest.importorskip("eagle.model.utils_c", reason=reason)
-eagle_choices = pytest.importorskip("eagle.model.choices", reason=reason)
+eagle_utils = parity.reference("eagle.model.utils", "eagle-llm (EAGLE-1's reference)")
+eagle_draft_utils = parity.reference("eagle.model.utils_c", "eagle-llm (EAGLE-1's reference)")
+eagle_choices = parity.reference("eagle.model.choices", "eagle-llm (EAGLE-1's reference)")
 
 TOPK = 10  # EAGLE-1's sparse tree reads the top 10 of every row (eagle/model/utils.py TOPK)
 

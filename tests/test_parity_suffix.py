@@ -20,7 +20,7 @@ Below the drafter, specframe's suffix tree gives the reference tree's path draft
 included) after random appends, removals and undone appends, at random options.
 
 Skipped, naming the package, where arctic-inference is not installed (``scripts/install_parity.sh``
-installs it; CI runs it).
+installs it); a failure instead under ``SPECFRAME_REQUIRE_PARITY=1``, as CI runs it.
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ import torch
 
 import specframe
 from specframe.drafters.suffix_tree import SuffixTree
+from specframe.testing import parity
 from specframe.testing.harness import greedy_reference
 from specframe.testing.models import tiny_model
 
-reference = pytest.importorskip(
-    "arctic_inference.suffix_decoding",
-    reason="arctic-inference (SuffixDecoding's reference) is not installed: bash scripts/install_parity.sh")
+reference = parity.reference("arctic_inference.suffix_decoding", "arctic-inference (SuffixDecoding's reference)")
 
 DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, and the number of tokens it drafts by default
 MAX_NEW = 40
