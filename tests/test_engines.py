@@ -362,3 +362,36 @@ def test_an_imported_arm_runs_beside_its_specframe_twin_and_says_how_faithfully(
     steps = {name: [r["steps"]["accepted"] for r in records] for name, records in run["arms"].items()}
     assert steps["vllm-ngram"] == steps["ngram"]  # the same specframe arm, step for step
     assert run["descriptions"]["vllm-ngram"]["imported"]["speculative_config"]["method"] == "ngram"
+
+
+# ---------------------------------------------------------------------- the engines' own classes
+def _importable(module: str, attr: str):
+    try:
+        return getattr(__import__(module, fromlist=[attr]), attr)
+    except Exception as err:  # a missing package, or one whose imports need a GPU stack
+        pytest.skip(f"{module} does not import here ({type(err).__name__}: {err})")
+
+
+@pytest.mark.parametrize("drafter,policy", BUILTINS)
+def test_vllm_speculative_config_accepts_the_export(drafter, policy):
+    """Where vLLM imports, its own SpeculativeConfig takes every exported key; the model-free
+    methods (ngram, suffix) are constructed, validating the values too."""
+    import dataclasses
+
+    config_cls = _importable("vllm.config.speculative", "SpeculativeConfig")
+    settings = export_arm(_arm(drafter, policy), "vllm").settings
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    # speculative_token_tree is written for the releases that carry it (the export says so).
+    assert set(settings) - fields <= {"speculative_token_tree"}
+    if settings.get("method") in ("ngram", "suffix") and "speculative_token_tree" not in settings:
+        built = config_cls(**settings)
+        assert all(getattr(built, k) == v for k, v in settings.items())
+
+
+@pytest.mark.parametrize("drafter,policy", BUILTINS)
+def test_sglang_server_args_accept_the_export(drafter, policy):
+    """Where SGLang imports, its own ServerArgs is constructed from every exported setting."""
+    server_args = _importable("sglang.srt.server_args", "ServerArgs")
+    settings = export_arm(_arm(drafter, policy), "sglang").settings
+    built = server_args(model_path="model/folder", **settings)
+    assert all(getattr(built, k) == v for k, v in settings.items())

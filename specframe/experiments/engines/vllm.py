@@ -7,6 +7,11 @@ in [prompt_lookup_min, prompt_lookup_max] at its earliest occurrence, then the k
 copied (fewer near the end, none without a match). ``speculative_token_tree`` (a string of a
 Python list of rank-path tuples, sorted breadth first; a chain when absent) is not a field at
 that commit; it is read from releases that carry it (EAGLE proposers only).
+
+Checked against the registry's vllm 0.34.0 (installed without dependencies on a CPU):
+its ``SpeculativeConfig`` takes every exported key but ``speculative_token_tree`` (no field
+there either) and constructs the model-free methods' exports (tests/test_engines.py, which
+skips where vllm does not import).
 """
 
 from __future__ import annotations
