@@ -395,3 +395,18 @@ def test_sglang_server_args_accept_the_export(drafter, policy):
     settings = export_arm(_arm(drafter, policy), "sglang").settings
     built = server_args(model_path="model/folder", **settings)
     assert all(getattr(built, k) == v for k, v in settings.items())
+
+
+def test_baselines_export_as_what_they_are():
+    lookup = ArmConfig("pl", baseline="hf-prompt-lookup", baseline_options={"prompt_lookup_num_tokens": 5})
+    h = export_arm(lookup, "hf")
+    assert h.settings == {"prompt_lookup_num_tokens": 5, "max_matching_ngram_size": 2, "do_sample": False}
+    assert h.fidelity.level == EXACT  # it is transformers' own generate
+    v = export_arm(lookup, "vllm")
+    assert v.settings["method"] == "ngram" and v.settings["num_speculative_tokens"] == 5
+    assert v.fidelity.level == APPROXIMATED
+    assisted = ArmConfig("a", baseline="hf-assisted", baseline_options={"assistant": "draft/folder"})
+    # transformers' default 0.4 confidence stop travels with it (llama.cpp's p_min).
+    assert export_arm(assisted, "llamacpp").settings["spec_draft_p_min"] == 0.4
+    ar = export_arm(ArmConfig("ar", baseline="autoregressive"), "sglang")
+    assert ar.settings == {} and ar.fidelity.level == EXACT

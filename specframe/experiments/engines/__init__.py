@@ -65,7 +65,11 @@ def _export_baseline(arm, engine: str) -> Export:
             settings = {"assistant_model": o.get("assistant"), **{k: o.get(k) for k in engine_module("hf").ASSISTANT_KEYS
                                                                 if o.get(k) is not None}, "do_sample": False}
             return Export(engine, settings, Fidelity(), [engine_module("hf").ASSISTANT_NOTE], engine_module("hf").SOURCE)
-        chain = {"gamma": o.get("num_assistant_tokens") or 20, "schedule": o.get("num_assistant_tokens_schedule") or "constant"}
+        # transformers' defaults where the baseline leaves them: 20 tokens, constant, a 0.4 stop.
+        threshold = o.get("assistant_confidence_threshold")
+        threshold = 0.4 if threshold is None else float(threshold)
+        chain = {"gamma": o.get("num_assistant_tokens") or 20, "schedule": o.get("num_assistant_tokens_schedule") or "constant",
+                 "confidence_stop": threshold > 0, "confidence_threshold": threshold}
         twin = ArmSpec(arm.name, drafter=Ref("model", {"model": o.get("assistant")}),
                          policy=Ref("chain", chain), verifier=Ref("greedy", {}))
     return engine_module(engine).export(twin, ExportContext())
