@@ -171,3 +171,10 @@ def test_acceptance_command_refuses_a_baseline_and_an_unknown_arm(traced):
     assert result.exit_code != 0 and "is a baseline" in result.output
     result = runner.invoke(cli, ["acceptance", str(traced / "live"), "--arm", "nope"])
     assert result.exit_code != 0 and "nope" in result.output
+
+
+def test_export_from_a_run_directory_fits_the_adaptive_tree_to_its_recorded_steps(traced):
+    result = CliRunner().invoke(cli, ["export", str(traced / "live"), "--arm", "talon", "--to", "sglang"])
+    assert result.exit_code == 0, result.output
+    assert "--speculative-algorithm STANDALONE" in result.output
+    assert "fitted to the acceptance measured for this arm (recorded" in result.output
