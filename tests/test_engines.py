@@ -410,3 +410,11 @@ def test_baselines_export_as_what_they_are():
     assert export_arm(assisted, "llamacpp").settings["spec_draft_p_min"] == 0.4
     ar = export_arm(ArmConfig("ar", baseline="autoregressive"), "sglang")
     assert ar.settings == {} and ar.fidelity.level == EXACT
+
+
+def test_a_drafter_option_the_engine_cannot_carry_is_named():
+    arm = _arm("ngram", "chain", decay=0.9)
+    for engine in ENGINES:
+        assert "decay" in export_arm(arm, engine).fidelity.statement, engine
+    # At its default it is nothing to report.
+    assert "decay" not in export_arm(_arm("ngram", "chain"), "hf").fidelity.statement

@@ -141,3 +141,20 @@ def verifier_fidelity(arm: Any, engine: str, sampling_note: str) -> Fidelity:
         fid.add(NOT_EXPRESSIBLE, f"verifier {name!r} (lossy acceptance) has no counterpart in {engine}, "
                 "which verifies losslessly only")
     return fid
+
+
+def note_unmapped(arm: Any, engine: str, mapped: set[str], fid: Fidelity) -> None:
+    """Name every drafter option the mapping did not carry and the arm sets away from its
+    default, so no setting is dropped without a word (a drafter the engine lacks is already
+    not expressible and is left alone)."""
+    import dataclasses
+
+    from specframe.plugins import get_registry
+
+    if fid.level == NOT_EXPRESSIBLE or arm.drafter is None:
+        return
+    cls = get_registry().get("drafters", arm.drafter.name)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls.Options)} if dataclasses.is_dataclass(cls.Options) else {}
+    for key, value in arm.drafter.options.items():
+        if key not in mapped and defaults.get(key, object()) != value:
+            fid.add(APPROXIMATED, f"{arm.drafter.name} option {key} = {value!r} has no {engine} counterpart")

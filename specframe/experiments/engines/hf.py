@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -27,6 +27,8 @@ ENGINE = "hf"
 #: The transformers version the names and rules were read from.
 SOURCE_VERSION = "5.25.0"
 SOURCE = f"transformers {SOURCE_VERSION} GenerationConfig and generation/candidate_generator.py (installed)"
+#: Drafter options the mapping carries (others set away from their default are named).
+MAPPED = {"ngram": {"max_ngram", "min_ngram"}, "model": {"model"}}
 #: Keys an export writes and an import reads (``assistant_model`` is generate's own argument).
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 LOOKUP_KEYS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
@@ -84,6 +86,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
     else:
         fid.add(NOT_EXPRESSIBLE, f"drafter {d.name!r}: transformers' generate drafts from an assistant model or by "
                 "prompt lookup only")
+    note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "transformers verifies sampled candidates with its own random draws"))
     if arm.verifier is None or arm.verifier.name == "greedy":
         settings["do_sample"] = False

@@ -14,13 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "llamacpp"
 SOURCE_COMMIT = "0017d6fb63f9590e791a7562b276148f7bd5b7fc"
 SOURCE = f"ggml-org/llama.cpp common/arg.cpp @ {SOURCE_COMMIT[:12]}"
+#: Drafter options the mapping carries (others set away from their default are named).
+MAPPED = {"model": {"model"}, "eagle3": {"path"}, "ngram": {"max_ngram"}}
 #: Speculative flags at SOURCE_COMMIT (long names, dashes as underscores).
 FLAGS = frozenset({
     "spec_draft_model", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_draft_p_split",
@@ -75,6 +77,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
         fid.add(APPROXIMATED, NGRAM_RULE)
     else:
         fid.add(NOT_EXPRESSIBLE, f"drafter {d.name!r} has no llama.cpp speculative type")
+    note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "llama.cpp samples its own tokens and accepts a draft only where they agree"))
     if arm.verifier is None or arm.verifier.name == "greedy":
         needs.append("greedy sampling (--temp 0): the arm verifies greedily")

@@ -18,12 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
 
 ENGINE = "sglang"
 SOURCE_COMMIT = "001067fffe33427bee0ed2f007fb7551a1d76b44"
 SOURCE = f"sgl-project/sglang python/sglang/srt/server_args.py @ {SOURCE_COMMIT[:12]}"
+#: Drafter options the mapping carries (others set away from their default are named).
+MAPPED = {"model": {"model"}, "eagle": {"path", "head"}, "eagle3": {"path", "head"}}
 ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
 #: ServerArgs' speculative-decoding fields at SOURCE_COMMIT.
 FIELDS = frozenset({
@@ -113,6 +115,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
         else:
             settings.update(speculative_num_steps=steps, speculative_eagle_topk=topk,
                             speculative_num_draft_tokens=tokens)
+    note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "SGLang verifies sampled requests losslessly with its own random draws"))
     if arm.verifier is None or arm.verifier.name == "greedy":
         needs.append("greedy requests (temperature 0): the arm verifies greedily")

@@ -20,8 +20,8 @@ import ast
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, static_paths,
-    verifier_fidelity)
+    ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
+    static_paths, verifier_fidelity)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -62,6 +62,11 @@ IMPORTED = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "p
 IMPORTED_METHODS = {"ngram": "ngram", "draft_model": "model", "eagle": "eagle", "eagle3": "eagle3",
                     "medusa": "medusa", "suffix": "suffix"}
 TREE_DRAFTERS = ("eagle", "eagle3")
+#: Drafter options each mapping carries or states (others set away from their default are named).
+MAPPED = {"ngram": {"max_ngram", "min_ngram", "decay"}, "model": {"model"}, "eagle": {"path", "head"},
+          "eagle3": {"path", "head"}, "medusa": {"path"},
+          "suffix": {"max_depth", "max_spec_tokens", "max_spec_factor", "max_spec_offset", "min_token_prob",
+                     "global_tree", "max_cached_requests", "fallback_prob", "datastore"}}
 
 
 def tree_string(paths: tuple[tuple[int, ...], ...] | list) -> str:
@@ -189,6 +194,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as vLLM's ``speculative_config``."""
     fid, settings, needs = Fidelity(), {}, []
     _drafter(arm, ctx, settings, fid, needs)
+    note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     _policy(arm, ctx, settings, fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "vLLM's rejection sampler keeps the target's distribution "
                                 "(rejection_sample_method 'standard'), with its own random draws"))
