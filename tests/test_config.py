@@ -319,6 +319,7 @@ def test_documented_full_example_is_valid(tmp_path):
     cfg = load_config(tmp_path / "exp.toml")
     names = [a.name for a in cfg.arms]
     assert names[:4] == ["ar", "hf-assisted", "hf-prompt-lookup", "eagle"]
-    assert len(names) == 4 + 6 and "ngram+talon[mu=0.01,budget=32]" in names
+    assert len(names) == 4 + 6 + 1 and "ngram+talon[mu=0.01,budget=32]" in names
+    assert cfg.arm("vllm-ngram").imported["engine"] == "vllm" and cfg.arm("vllm-ngram").drafter.name == "ngram"
     assert cfg.arm("hf-assisted").baseline_options["num_assistant_tokens"] == 5
     assert (cfg.repeats, cfg.threads, cfg.data.limit, cfg.output.trees_per_answer) == (3, 1, 20, 2)
