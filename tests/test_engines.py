@@ -418,3 +418,26 @@ def test_a_drafter_option_the_engine_cannot_carry_is_named():
         assert "decay" in export_arm(arm, engine).fidelity.statement, engine
     # At its default it is nothing to report.
     assert "decay" not in export_arm(_arm("ngram", "chain"), "hf").fidelity.statement
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory):
+    """A seeded random EAGLE-3 head for the tiny target, saved in the published layout."""
+    from specframe.drafters.eagle_checkpoint import random_head, save_head
+
+    target = specframe.TargetModel(tiny_target())
+    head = random_head(target, "eagle3", seed=1, draft_vocab_size=40)
+    return str(save_head(head, tmp_path_factory.mktemp("eagle3") / "head", dtype=torch.float64))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_eagle3_chain_round_trips_through_vllm_and_sglang(engine, eagle3_dir):
+    arm = ArmConfig("e", drafter=PluginRef("eagle3", {"path": eagle3_dir}), policy=PluginRef("chain", {"gamma": 3}),
+                    verifier=PluginRef("greedy", {}))
+    result = export_arm(arm, engine)
+    assert result.fidelity.level == EXACT, result.fidelity.statement
+    drafter, policy, verifier, fidelity = _reimport(result)
+    assert (drafter.name, drafter.options, policy.name, policy.options) == ("eagle3", {"path": eagle3_dir}, "chain", {"gamma": 3})
+    back = ArmConfig("b", drafter=drafter, policy=policy, verifier=verifier)
+    prompt = [5, 9, 2, 7]
+    assert _decode(back, prompt) == _decode(arm, prompt) == _autoregressive(prompt)
