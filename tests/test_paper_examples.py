@@ -92,10 +92,10 @@ def path_prob(path: tuple[int, ...]) -> float:
 
 @pytest.mark.parametrize("n", [3, 5, 6])
 def test_opt_tree_is_the_subtree_maximising_e_a(n):
-    """OPT-Tree §3: E(A), the expected acceptance length of a draft tree, is (up to the root's
-    constant) the sum over its nodes of p-hat, the product of the draft probabilities on the
-    node's path; OPT-Tree returns the n-node tree maximising it. Oracle: every parent-closed
-    set of n nodes of the full candidate tree (vocabulary 3, depth 3: 39 candidates), scored by
+    """OPT-Tree's objective (its method section): E(A), the expected acceptance length of a
+    draft tree, is (up to the root's constant) the sum over its nodes of p-hat, the product of
+    the draft probabilities on the node's path; OPT-Tree returns the n-node tree maximising
+    it. Oracle: every parent-closed set of n nodes of the full candidate tree (vocabulary 3, depth 3: 39 candidates), scored by
     that sum; the greedy layers of ``opt-tree`` (threshold 0, so it drafts every useful layer)
     must reach the maximum, and the very set where the maximum is unique."""
     def children(path):
@@ -105,7 +105,10 @@ def test_opt_tree_is_the_subtree_maximising_e_a(n):
     best = max(v for v, _ in scored)
     argmax = [s for v, s in scored if math.isclose(v, best, rel_tol=1e-12)]
 
-    drafter = SyntheticDrafter(OPT_VOCAB, lambda path: torch.tensor(opt_row(tuple(path[1:])), dtype=torch.float64).log())
+    def rows(path):  # the drafter's row at a node: path[0] is the root's token
+        return torch.tensor(opt_row(tuple(path[1:])), dtype=torch.float64).log()
+
+    drafter = SyntheticDrafter(OPT_VOCAB, rows)
     tree, _ = build_tree("opt-tree", drafter, n + 1, threshold=0.0, max_depth=OPT_DEPTH)
     got = token_paths(tree)
     assert len(got) == n
@@ -134,8 +137,8 @@ def expected_by_outcomes(paths: set[tuple[int, ...]], a: tuple[float, ...], dept
 
 
 def test_sequoia_hand_example_depth_changes_the_shape():
-    """Sequoia §3.1: with positional acceptance a = (.6, .2), a tree's expected tokens are
-    F(T) = sum over its nodes of the product of a[rank] along the node's path (root: 1). By
+    """Sequoia §3 (tree construction): with positional acceptance a = (.6, .2), a tree's
+    expected tokens are F(T) = sum over its nodes of the product of a[rank] along the node's path (root: 1). By
     hand, the 4-node trees (at most 2 children a node): chain 1 + .6 + .36 + .216 = 2.176;
     two root children, the first with a child, 1 + .6 + .2 + .36 = 2.16; one child with two
     children, 1 + .6 + .36 + .12 = 2.08; two root children, the second with a child,
@@ -156,8 +159,8 @@ def test_sequoia_hand_example_depth_changes_the_shape():
 
 @pytest.mark.parametrize("a", [(0.6, 0.2), (0.45, 0.3, 0.1), (0.9,)])
 def test_sequoia_tree_maximises_the_acceptance_model_over_all_trees(a):
-    """Sequoia §3.1's objective taken at its word: over every set of m - 1 rank paths closed
-    under parents (rank gaps allowed, width <= len(a), depth <= 3), the expected tokens of the
+    """Sequoia's objective (§3, tree construction) taken at its word: over every set of m - 1
+    rank paths closed under parents (rank gaps allowed, width <= len(a), depth <= 3), the expected tokens of the
     acceptance model, by enumerated outcomes, peak at the DP's value, and the DP's tree attains
     it. Independent of the DP's recurrence (the other test in test_policy_algorithms.py checks
     the DP against that recurrence)."""
@@ -180,7 +183,7 @@ def test_sequoia_tree_maximises_the_acceptance_model_over_all_trees(a):
 # ---------------------------------------------------------------------------- Token Recycling
 #: Token Recycling's draft-tree template "2.2.2", 80 rank paths, as the authors ship it:
 #: Luowaterbi/TokenRecycling, model/recycling/tree_template_.py at commit
-#: 1b4c05cc642d111f12c61d4a99950d737121d9fe (read with fetch; the tree of the paper's Fig. 3).
+#: 1b4c05cc642d111f12c61d4a99950d737121d9fe (read with fetch).
 TR_TEMPLATE = (
     [[r] for r in range(8)]
     + [[0, r] for r in range(8)] + [[1, r] for r in range(4)] + [[2, r] for r in range(3)]
@@ -210,7 +213,7 @@ def top_ids(logits: torch.Tensor, k: int = TR_K) -> list[int]:
 
 
 def bfs_draft(matrix: dict[int, list[int]], root: int) -> dict[tuple[int, ...], int]:
-    """Token Recycling's draft (§3.2; the repository's ``prepare_data_input_ids``): layer by
+    """Token Recycling's draft (the paper's BFS over the matrix; the repository's ``prepare_data_input_ids``): layer by
     layer, the template node with rank path (r1..rd) gets ``matrix[token of (r1..rd-1)][rd]``."""
     out: dict[tuple[int, ...], int] = {(): root}
     for path in sorted(map(tuple, TR_TEMPLATE), key=lambda p: (len(p), p)):
@@ -220,7 +223,7 @@ def bfs_draft(matrix: dict[int, list[int]], root: int) -> dict[tuple[int, ...], 
 
 
 def test_token_recycling_drafts_the_template_from_the_adjacency_matrix_and_updates_it():
-    """Token Recycling §3: the adjacency matrix holds, for every token, the target's top-k
+    """Token Recycling (its method section): the adjacency matrix holds, for every token, the target's top-k
     (k = 8) next tokens; a step drafts the static template breadth first from the last token;
     after verification every tree position's top-k *replaces* its token's row (the
     repository's ``adj_matrix[input_ids] = topk(logits, 8)``,
@@ -285,10 +288,11 @@ REST_CONTEXT = [14, 1, 2, 3]
 
 
 def rest_trie(docs: list[list[int]], context: list[int], span: int, long: int) -> dict[tuple[int, ...], int]:
-    """REST §3.2-3.3 by brute force: the longest suffix of ``context`` (at most ``span``
-    tokens) that occurs in the corpus, every occurrence's next ``long`` tokens, and the trie of
-    those continuations weighted by how many of them pass through each node (the authors'
-    DraftRetriever ``search``, src/lib.rs at FasterDecoding/REST 50a5fc1, does the same)."""
+    """REST's retrieval and draft construction (§3) by brute force: the longest suffix of
+    ``context`` (at most ``span`` tokens) that occurs in the corpus, every occurrence's next
+    ``long`` tokens inside its document, and the trie of those continuations weighted by how
+    many of them pass through each node (the authors' DraftRetriever ``search``, src/lib.rs at
+    FasterDecoding/REST 50a5fc1, does the same over entries joined with no separator)."""
     for m in range(min(span, len(context)), 0, -1):
         suffix = context[-m:]
         conts = [doc[i + m : i + m + long] for doc in docs for i in range(len(doc) - m) if doc[i : i + m] == suffix]
@@ -318,9 +322,9 @@ def rest_drafter(tmp_path, docs: list[list[int]] = REST_DOCS, **options) -> Suff
 
 
 def test_rest_retrieves_the_longest_suffix_and_weights_the_trie_by_counts(tmp_path):
-    """REST §3.2 (retrieval: exact match of the longest suffix of the context, longest first)
-    and §3.3 (the candidates' trie, each node weighted by its frequency among the retrieved
-    continuations; the heaviest nodes drafted). By hand: ``1 2 3`` (3 tokens) is the longest
+    """REST §3, retrieval (exact match of the longest suffix of the context, longest first)
+    and draft construction (the candidates' trie, each node weighted by its frequency among
+    the retrieved continuations; the heaviest nodes drafted). By hand: ``1 2 3`` (3 tokens) is the longest
     match; its 6 continuations give weights (4) 4, (4 5) 3, (4 5 6) 2, (6) 2, (6 7) 2, and 1 for
     the rest; ``2 3 10`` and ``3 11`` are shorter matches and never count. Each trie node's
     drafted probability is its weight over the 6 continuations, and a policy keeping the 5
