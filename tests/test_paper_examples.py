@@ -96,8 +96,8 @@ def test_opt_tree_is_the_subtree_maximising_e_a(n):
     draft tree, is (up to the root's constant) the sum over its nodes of p-hat, the product of
     the draft probabilities on the node's path; OPT-Tree returns the n-node tree maximising
     it. Oracle: every parent-closed set of n nodes of the full candidate tree (vocabulary 3,
-    depth 3: 39 candidates), scored by that sum; the greedy layers of ``opt-tree`` (threshold 0, so it drafts every useful layer)
-    must reach the maximum, and the very set where the maximum is unique."""
+    depth 3: 39 candidates), scored by that sum; the greedy layers of ``opt-tree`` (threshold
+    0, so it drafts every useful layer) must reach the maximum, and the very set where the maximum is unique."""
     def children(path):
         return [path + (t,) for t in range(OPT_VOCAB)] if len(path) < OPT_DEPTH else []
 
