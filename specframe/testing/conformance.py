@@ -306,8 +306,8 @@ class TreePolicyConformance(_Conformance):
         assert out.tau > 1.0, f"the close draft was never accepted (tau={out.tau:.2f})"
 
     @MODEL
-    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
-    def test_declared_space_decodes_losslessly(self, prompt, max_new, data):
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), eos=st.integers(0, VOCAB - 1), data=st.data())
+    def test_declared_space_decodes_losslessly(self, prompt, max_new, eos, data):
         """Every point of the policy's declared search space (``specframe tune`` searches it)
         builds valid options and, with a close ``model`` draft and greedy verification, decodes
         exactly as ``model.generate(do_sample=False)`` (float64)."""
@@ -315,8 +315,8 @@ class TreePolicyConformance(_Conformance):
         target = fx.tiny_target()
         dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
                                 policy=(name, options), verifier="greedy", strict=True)
-        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0)
-        check_output(out, greedy_reference(target, prompt, max_new, None), max_new, None, f"point {point}")
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
+        check_output(out, greedy_reference(target, prompt, max_new, eos), max_new, eos, f"point {point}")
 
 
 
@@ -507,8 +507,8 @@ class DrafterConformance(_Conformance):
         check_output(out, greedy_reference(target.model, prompt, max_new, eos), max_new, eos, f"policy {policy}")
 
     @MODEL
-    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
-    def test_declared_space_decodes_losslessly(self, prompt, max_new, data):
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), eos=st.integers(0, VOCAB - 1), data=st.data())
+    def test_declared_space_decodes_losslessly(self, prompt, max_new, eos, data):
         """Every point of the drafter's declared search space (``specframe tune`` searches it)
         builds a valid drafter that, under each of ``policies`` with greedy verification,
         decodes exactly as ``model.generate(do_sample=False)`` (float64)."""
@@ -519,8 +519,8 @@ class DrafterConformance(_Conformance):
         if getattr(drafter, "uses_clock", False):
             drafter.set_clock(TickClock())
         dec = SpecDecoder.build(target=target, drafter=drafter, policy=policy, verifier="greedy", strict=True)
-        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0)
-        check_output(out, greedy_reference(target.model, prompt, max_new, None), max_new, None,
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0)
+        check_output(out, greedy_reference(target.model, prompt, max_new, eos), max_new, eos,
                      f"policy {policy}, point {point}")
 
     def test_begin_forgets_earlier_generations(self):
@@ -793,8 +793,8 @@ class VerifierConformance(_Conformance):
 
 
     @MODEL
-    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), data=st.data())
-    def test_declared_space_decodes(self, prompt, max_new, data):
+    @given(prompt=prompts(VOCAB, 1, 24), max_new=st.integers(1, 32), eos=st.integers(0, VOCAB - 1), data=st.data())
+    def test_declared_space_decodes(self, prompt, max_new, eos, data):
         """Every point of the verifier's declared search space (``specframe tune`` searches it)
         builds a valid verifier that decodes in the engine: exactly as greedy decoding when it is
         lossless and not sampling, else within the invariants of
@@ -805,10 +805,10 @@ class VerifierConformance(_Conformance):
         dec = SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
                                 policy=self.engine_policy, verifier=verifier, strict=True)
         views: list = []
-        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None, seed=0, on_step=views.append)
+        out = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=eos, seed=0, on_step=views.append)
         if getattr(verifier, "lossless", True) and not getattr(verifier, "sampling", False):
-            check_output(out, greedy_reference(target, prompt, max_new, None), max_new, None, f"point {point}")
-        check_root_path_steps(out, views, dec.policy.max_budget, VOCAB, max_new, None)
+            check_output(out, greedy_reference(target, prompt, max_new, eos), max_new, eos, f"point {point}")
+        check_root_path_steps(out, views, dec.policy.max_budget, VOCAB, max_new, eos)
 
 
 def check_root_path_steps(out: Any, views: list, budget: int, vocab: int, max_new: int, eos: int | None) -> None:
