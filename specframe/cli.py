@@ -17,6 +17,7 @@ import click
 from specframe.errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
 from specframe.options import describe_options, takes_options
 from specframe.plugins import KINDS, SINGULAR, get_registry, normalise_dist
+from specframe.search_space import describe_space
 
 #: Added to errors we did not anticipate, which are most likely a plugin's or specframe's bug.
 DEBUG_HINT = f"rerun with --debug (or {DEBUG_VARIABLE}=1) for the traceback"
@@ -72,11 +73,12 @@ def plugins_command() -> None:
     console = Console()
     for kind in KINDS:
         table = Table(title=kind, show_lines=False)
-        for col in ("name", "distribution", "version", "options (default)"):
+        for col in ("name", "distribution", "version", "options (default)", "tunable (specframe tune)"):
             table.add_column(col, overflow="fold")
         for info in reg.infos(kind):
             opts = ", ".join(f"{n}: {t} = {d!r}" for n, t, d in describe_options(info.cls.Options)) or "-"
-            table.add_row(info.name, info.dist, info.version, opts)
+            space = "; ".join(f"{n} {d}" for n, d in describe_space(info.cls.Options)) or "-"
+            table.add_row(info.name, info.dist, info.version, opts, space)
         console.print(table)
     console.print(_allocators_table())
     for dist, reason in reg.skipped:
