@@ -178,3 +178,13 @@ def test_an_arm_that_replays_approximately_is_named_as_such(recorded, monkeypatc
     assert result.exit_code == 0, result.output
     assert "ngram+chain: replays approximately (drafter 'ngram'): its projected figures are approximate" in result.output
     assert json.loads((recorded / "approx" / "tune.json").read_text())["arms"]["ngram+chain"]["replay"] == "approximate"
+
+
+def test_confirm_runs_best_toml_live_beside_the_arm_as_given(recorded):
+    result = _tune(recorded, "confirmed", "--trials", "2", "--arms", "ngram+chain", "--confirm")
+    assert result.exit_code == 0, result.output
+    assert "confirmation (live): as given vs tuned" in result.output
+    summary = json.loads((recorded / "confirmed" / "confirm" / "summary.json").read_text())
+    arms = {a["name"]: a for a in summary["arms"]}
+    assert set(arms) == {"autoregressive", "ngram+chain", "ngram+chain-tuned"}
+    assert all(a["overall"]["answers"] == 3 and "replay" not in a for a in arms.values())  # live, on 3 questions
