@@ -8,6 +8,7 @@ import base64
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 import textwrap
@@ -411,15 +412,23 @@ def test_a_run_without_recorded_text_writes_no_page(tmp_path, run_dir):
 
 
 # ---------------------------------------------------------------------- in a browser
+def _missing_browser(why: str) -> None:
+    """Skip naming what is missing, or fail where CI installs the browser
+    (``SPECFRAME_REQUIRE_BROWSER=1``), so the browser test never passes there as a skip."""
+    if os.environ.get("SPECFRAME_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"SPECFRAME_REQUIRE_BROWSER=1 but {why}")
+    pytest.skip(why)
+
+
 def _browser():
     """playwright's sync API and the system Chromium, or a skip naming what is missing."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed (pip install playwright)")
+        _missing_browser("playwright is not installed (pip install playwright)")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.skip("no chromium executable (apt-get install chromium)")
+        _missing_browser("no chromium executable (apt-get install chromium)")
     return sync_playwright, chromium
 
 
