@@ -184,7 +184,8 @@ def test_spec_runner_records_trees_through_the_hook(target):
     assert 1 <= len(picked) <= 2
     for t in picked:
         step = out.steps[t["step"]]
-        assert set(t) == {"step", "tokens", "parents", "depths", "ranks", "accepted"}
+        assert set(t) == {"step", "tokens", "parents", "depths", "ranks", "logp", "accepted"}  # no tokenizer, no budget
+        assert len(t["logp"]) == step.tree_size and t["logp"][0] == 0.0  # the root's path is empty
         assert len(t["tokens"]) == step.tree_size and len(t["accepted"]) == step.accepted + 1
         assert all(isinstance(i, int) for i in t["accepted"])
 
