@@ -41,7 +41,9 @@ def policy_spec(name: str) -> object:
 
 
 def builtin_names(kind: str) -> list[str]:
-    """The names of the built-in plugins of ``kind`` (registered by the specframe distribution)."""
+    """The names of the built-in plugins of ``kind`` (registered by the specframe distribution).
+    Filtered here rather than by ``Registry.names(kind, dist=...)``: the script must run on the
+    engines of earlier commits, whose ``names`` takes no distribution."""
     return sorted(info.name for info in specframe.get_registry().infos(kind) if info.dist == BUILTIN_DIST)
 
 

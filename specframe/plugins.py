@@ -172,9 +172,10 @@ class Registry:
         """All plugins of ``kind`` (policies, drafters or verifiers), sorted by name."""
         return sorted(self._collect()[kind].values(), key=lambda p: p.name)
 
-    def names(self, kind: str) -> list[str]:
-        """Registered names of ``kind``."""
-        return [p.name for p in self.infos(kind)]
+    def names(self, kind: str, dist: str | None = None) -> list[str]:
+        """Registered names of ``kind``, sorted; with ``dist``, only that distribution's
+        (``"specframe"``: the built-ins, whatever else is installed beside them)."""
+        return [p.name for p in self.infos(kind) if dist is None or normalise_dist(p.dist) == normalise_dist(dist)]
 
     def get(self, kind: str, name: str) -> type:
         """The class registered as ``name``; the error lists the available names."""

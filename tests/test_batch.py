@@ -105,12 +105,8 @@ def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, pro
 B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
 
 
-def builtin_names(kind: str) -> list[str]:
-    """Registered plugins of ``kind`` that ship with specframe (not ones installed beside it)."""
-    return sorted(info.name for info in get_registry().infos(kind) if info.dist == "specframe")
-
-
-BUILTIN_PAIRS = [f"{p} x {d}" for p in builtin_names("policies") for d in builtin_names("drafters")]
+BUILTIN_PAIRS = [f"{p} x {d}" for p in get_registry().names("policies", dist="specframe")
+                 for d in get_registry().names("drafters", dist="specframe")]
 
 
 def test_the_recording_holds_exactly_the_builtin_pairs():

@@ -71,6 +71,11 @@ def test_entry_point_plugin_is_listed_and_usable(tmp_path, monkeypatch, fresh_re
     assert (info.dist, info.version) == ("throwaway-dist", "0.3")
     out = _generate_with(("one-step", {"budget": 2}))
     assert len(out.tokens) == 6 and all(s.tree_size == 2 for s in out.steps)
+    registry = specframe.get_registry()
+    assert registry.names("policies", dist="Throwaway_Dist") == ["one-step"]  # PEP 503 names compare equal
+    builtins = registry.names("policies", dist="specframe")
+    assert "talon" in builtins and "one-step" not in builtins
+    assert sorted(builtins + ["one-step"]) == registry.names("policies")
 
 
 def test_plugin_object_registered_from_a_test(tmp_path, monkeypatch, fresh_registry):
