@@ -131,10 +131,15 @@ def chain_of(paths: tuple[tuple[int, ...], ...]) -> int:
     return max((len(p) for p in paths), default=0)
 
 
+def verifier_name(arm: Any) -> str:
+    """The arm's verifier (``greedy`` when it names none, as the engine builds it)."""
+    return arm.verifier.name if arm.verifier is not None else "greedy"
+
+
 def verifier_fidelity(arm: Any, engine: str, sampling_note: str) -> Fidelity:
     """How ``engine`` verifies as the arm's verifier does."""
     fid = Fidelity()
-    name = arm.verifier.name if arm.verifier is not None else "greedy"
+    name = verifier_name(arm)
     if name == "sampling":
         fid.add(APPROXIMATED, "the sampling verifier: " + sampling_note)
     elif name not in LOSSLESS_VERIFIERS:

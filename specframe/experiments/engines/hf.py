@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -88,7 +88,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
                 "prompt lookup only")
     note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "transformers verifies sampled candidates with its own random draws"))
-    if arm.verifier is None or arm.verifier.name == "greedy":
+    if verifier_name(arm) == "greedy":
         settings["do_sample"] = False
     else:
         settings["do_sample"] = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -79,7 +79,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
         fid.add(NOT_EXPRESSIBLE, f"drafter {d.name!r} has no llama.cpp speculative type")
     note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "llama.cpp samples its own tokens and accepts a draft only where they agree"))
-    if arm.verifier is None or arm.verifier.name == "greedy":
+    if verifier_name(arm) == "greedy":
         needs.append("greedy sampling (--temp 0): the arm verifies greedily")
     return Export(ENGINE, settings, fid, needs, SOURCE)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.experiments.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
 from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
 
 ENGINE = "sglang"
@@ -117,7 +117,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
                             speculative_num_draft_tokens=tokens)
     note_unmapped(arm, ENGINE, MAPPED.get(arm.drafter.name, set()), fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "SGLang verifies sampled requests losslessly with its own random draws"))
-    if arm.verifier is None or arm.verifier.name == "greedy":
+    if verifier_name(arm) == "greedy":
         needs.append("greedy requests (temperature 0): the arm verifies greedily")
     return Export(ENGINE, settings, fid, needs, SOURCE)
 

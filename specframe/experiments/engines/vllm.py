@@ -21,7 +21,7 @@ from typing import Any
 
 from specframe.experiments.engines.common import (
     ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
-    static_paths, verifier_fidelity)
+    static_paths, verifier_fidelity, verifier_name)
 from specframe.experiments.engines.fidelity import (
     Ref, APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -198,7 +198,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
     _policy(arm, ctx, settings, fid)
     fid.merge(verifier_fidelity(arm, ENGINE, "vLLM's rejection sampler keeps the target's distribution "
                                 "(rejection_sample_method 'standard'), with its own random draws"))
-    if (arm.verifier is None or arm.verifier.name == "greedy"):
+    if verifier_name(arm) == "greedy":
         needs.append("greedy requests (temperature 0): the arm verifies greedily")
     return Export(ENGINE, settings, fid, needs, SOURCE)
 
