@@ -13,9 +13,9 @@ from click.testing import CliRunner
 import specframe
 from specframe.cli import cli
 from specframe.experiments.config import ArmConfig, ConfigError, PluginRef, parse_config
-from specframe.experiments.engines import ENGINES, EngineError, ExportContext, export_arm, import_arm
-from specframe.experiments.engines import hf, llamacpp, sglang, vllm
-from specframe.experiments.engines.fidelity import APPROXIMATED, EXACT, LEVELS, NOT_EXPRESSIBLE, parse_flags
+from specframe.serving.engines import ENGINES, EngineError, ExportContext, export_arm, import_arm
+from specframe.serving.engines import hf, llamacpp, sglang, vllm
+from specframe.serving.engines.fidelity import APPROXIMATED, EXACT, LEVELS, NOT_EXPRESSIBLE, parse_flags
 from specframe.testing.fixtures import TINY_PAIR_TOML, close_draft, tiny_target
 
 #: Drafter options that make each built-in buildable in a config (paths need not exist to export).
@@ -131,14 +131,14 @@ def test_vllm_tree_string_parses_back():
 
 
 def test_adaptive_tree_fitted_to_measured_acceptance():
-    from specframe.experiments.acceptance import from_records
+    from specframe.serving.acceptance import from_records
 
     acc = from_records([{"steps": {"depth": [3] * 4, "accepted_ranks": [[0, 0], [1], [0, 1, 0], []]}}], "t", "r")
     arm = ArmConfig("t", drafter=PluginRef("eagle3", {"path": "h"}), policy=PluginRef("talon", {"budget": 6}),
                     verifier=PluginRef("greedy"))
     v = export_arm(arm, "vllm", ExportContext(acceptance=acc))
     tree = vllm.parse_tree_string(v.settings["speculative_token_tree"])
-    from specframe.experiments.acceptance import fit_static_tree
+    from specframe.serving.acceptance import fit_static_tree
 
     assert tree == fit_static_tree(acc, 6) and len(tree) == 5
     assert "fitted to the acceptance measured" in v.fidelity.statement

@@ -18,7 +18,10 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 #: folder -> its layer; the modules directly in specframe/ are the core (docs/architecture.md).
+#: A sub-folder listed before its parent is a layer of its own (the serving commands sit above
+#: replay, while the serving interchange they call sits below the harness that reads engine arms).
 FOLDERS = {"specframe.models": "models", "specframe.sizing": "sizing", "specframe.decode": "decode",
+           "specframe.serving.commands": "serving-commands", "specframe.serving": "serving",
            "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.tuning": "tuning",
            "specframe.testing": "testing"}
 #: How many modules the core (specframe/*.py besides __init__ and cli) may hold.
@@ -33,10 +36,13 @@ RULES = {
     "core": {"models"},                                               # specframe/*.py
     "sizing": {"core", "models"},                                     # specframe/sizing/
     "decode": {"core", "models", "sizing"},                           # specframe/decode/
-    "harness": {"core", "models", "sizing", "decode"},                # specframe/experiments/
-    "replay": {"core", "models", "sizing", "decode", "harness"},      # specframe/replay/
-    "tuning": {"core", "models", "sizing", "decode", "harness", "replay"},  # specframe/tuning/
-    "cli": {"core", "models", "sizing", "decode", "harness", "replay", "tuning"},  # specframe/cli.py
+    "serving": {"core", "models", "sizing", "decode"},                # specframe/serving/
+    "harness": {"core", "models", "sizing", "decode", "serving"},     # specframe/experiments/
+    "replay": {"core", "models", "sizing", "decode", "serving", "harness"},  # specframe/replay/
+    "serving-commands": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},
+    "tuning": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},  # specframe/tuning/
+    "cli": {"core", "models", "sizing", "decode", "serving", "harness", "replay", "serving-commands",
+            "tuning"},                                                # specframe/cli.py
     "plugin": {"core", "models", "sizing", "decode"},                 # strategies/ drafters/ verifiers/
     "testing": {"core", "models", "sizing", "decode", "plugin"},      # specframe/testing/ (the kit)
 }

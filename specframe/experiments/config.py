@@ -426,7 +426,7 @@ _ENGINE_KEYS = ("speculative_config", "server_args", "generate_kwargs", "args")
 
 def _engine_arm(t: _Arm, where: str) -> ArmConfig:
     """An arm written in an engine's vocabulary, as the equivalent specframe arm."""
-    from specframe.experiments.engines import ENGINES, EngineError, import_arm
+    from specframe.serving.engines import ENGINES, EngineError, import_arm
 
     if t.engine not in ENGINES:
         raise ConfigError(f"{where}: engine {t.engine!r} is not one of {', '.join(ENGINES)}")

@@ -49,10 +49,10 @@ def _run_records(source: Path, arm: str) -> tuple[Any, list[dict], Path | None]:
 def acceptance_main(source: Path, arm: str, trace: Path | None, width: int, depth: int, fit: int | None,
                     max_depth: int, out: Path | None, console: Any) -> None:
     """Measure, print, fit (``--fit``) and write the acceptance file."""
-    from specframe.experiments.acceptance import AcceptanceError, describe, fit_static_tree, from_records, provenance
+    from specframe.serving.acceptance import AcceptanceError, describe, fit_static_tree, from_records, provenance
     from specframe.experiments.config import ArmConfig, ConfigError, PluginRef
-    from specframe.experiments.engines.vllm import tree_string
-    from specframe.replay.acceptance import probe_acceptance, replay_taus
+    from specframe.serving.engines.vllm import tree_string
+    from specframe.serving.commands.probe import probe_acceptance, replay_taus
 
     command = "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
@@ -93,10 +93,10 @@ def acceptance_main(source: Path, arm: str, trace: Path | None, width: int, dept
 
 def export_main(source: Path, arm_name: str, engine: str, out: Path | None, acceptance: Path | None, console: Any) -> None:
     """Write the arm in the engine's form (``--out`` or stdout) and print its fidelity statement."""
-    from specframe.experiments.acceptance import Acceptance, AcceptanceError
+    from specframe.serving.acceptance import Acceptance, AcceptanceError
     from specframe.experiments.config import ConfigError
-    from specframe.experiments.engines import EngineError, ExportContext, export_arm
-    from specframe.experiments.engines.fidelity import NOT_EXPRESSIBLE
+    from specframe.serving.engines import EngineError, ExportContext, export_arm
+    from specframe.serving.engines.fidelity import NOT_EXPRESSIBLE
 
     config, records, run_dir = _run_records(source, arm_name)
     try:

@@ -3,7 +3,7 @@
 :func:`probe_acceptance` replays an arm's drafter over a trace with a *probe* tree in place of
 its policy: every rank path with ranks below ``width`` up to ``depth`` (``static`` choices), so
 each node on the accepted path offers ``width`` ranked children and every rank is tested where
-the path reaches (specframe.experiments.acceptance explains the counts). The trace fixes the
+the path reaches (specframe.serving.acceptance explains the counts). The trace fixes the
 target's greedy continuation, so the probe costs draft forwards only.
 
 :func:`replay_taus` replays arms over the same trace and returns each one's tau (tokens per
@@ -16,7 +16,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from specframe.experiments.acceptance import Acceptance, AcceptanceError, from_records, full_tree
+from specframe.serving.acceptance import Acceptance, AcceptanceError, from_records, full_tree
 from specframe.experiments.config import ArmConfig, ExperimentConfig, PluginRef
 from specframe.experiments.metrics import load_run, totals
 from specframe.replay.runner import replay_experiment

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from specframe.experiments.engines.common import ExportContext
-from specframe.experiments.engines.fidelity import EngineError, Export, Fidelity, Ref
+from specframe.serving.engines.common import ExportContext
+from specframe.serving.engines.fidelity import EngineError, Export, Fidelity, Ref
 
 #: Engine name -> (module, the [[arm]] key holding its configuration).
 ENGINES: dict[str, tuple[str, str]] = {
@@ -28,7 +28,7 @@ def engine_module(name: str) -> ModuleType:
 
     if name not in ENGINES:
         raise EngineError(f"unknown engine {name!r}; engines: {', '.join(ENGINES)}")
-    return importlib.import_module(f"specframe.experiments.engines.{ENGINES[name][0]}")
+    return importlib.import_module(f"specframe.serving.engines.{ENGINES[name][0]}")
 
 
 def export_arm(arm, engine: str, ctx: ExportContext | None = None) -> Export:
@@ -47,8 +47,8 @@ def import_arm(engine: str, table: dict, where: str):
 def _export_baseline(arm, engine: str) -> Export:
     """A baseline arm: autoregressive is no speculation anywhere; transformers' own baselines
     are their ``generate`` arguments (exact in transformers, mapped like n-gram / model arms elsewhere)."""
-    from specframe.experiments.engines.common import ArmSpec
-    from specframe.experiments.engines.fidelity import EXACT, Ref
+    from specframe.serving.engines.common import ArmSpec
+    from specframe.serving.engines.fidelity import EXACT, Ref
 
     o = arm.baseline_options
     if arm.baseline == "autoregressive":

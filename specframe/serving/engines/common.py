@@ -7,8 +7,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from specframe.experiments.acceptance import Acceptance, AcceptanceError, fit_static_tree, from_records
-from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity, Ref
+from specframe.serving.acceptance import Acceptance, AcceptanceError, fit_static_tree, from_records
+from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity, Ref
 
 #: Policies whose tree is fixed before decoding (a static tree serves them as they are).
 STATIC_POLICIES = ("static", "sequoia")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specframe.experiments.engines.common import (
+from specframe.serving.engines.common import (
     ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
-from specframe.experiments.engines.fidelity import (
+from specframe.serving.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "hf"

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specframe.experiments.engines.common import (
+from specframe.serving.engines.common import (
     ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
-from specframe.experiments.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
+from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
 
 ENGINE = "sglang"
 SOURCE_COMMIT = "001067fffe33427bee0ed2f007fb7551a1d76b44"

@@ -19,10 +19,10 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from specframe.experiments.engines.common import (
+from specframe.serving.engines.common import (
     ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
     static_paths, verifier_fidelity, verifier_name)
-from specframe.experiments.engines.fidelity import (
+from specframe.serving.engines.fidelity import (
     Ref, APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
 ENGINE = "vllm"
