@@ -111,7 +111,7 @@ def warm_cost_curve(config: Any) -> str:
     """Measure (or read) the target's cost curve before the timed run, under the run's threads."""
     import torch
 
-    from specframe.experiments.experiment import ModelPool
+    from specframe.experiments.loading import ModelPool
     from specframe.sizing.profile import curve_for
     from specframe.models.target import TargetModel
 

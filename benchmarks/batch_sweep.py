@@ -92,7 +92,7 @@ def load(args: argparse.Namespace) -> tuple[Any, list[list[int]], set[int]]:
     """The target (TargetModel), the encoded prompts and the EOS ids, as an experiment loads them."""
     from specframe.experiments.config import parse_config
     from specframe.experiments.data import PromptEncoder, load_questions
-    from specframe.experiments.experiment import ModelPool, load_tokenizer
+    from specframe.experiments.loading import ModelPool, load_tokenizer
     from specframe.models.target import TargetModel
 
     pair = PAIRS[args.pair]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specframe.experiments.config import load_config
-from specframe.experiments.experiment import ExperimentError, ModelPool, run_experiment
+from specframe.experiments.experiment import ExperimentError, run_experiment
+from specframe.experiments.loading import ModelPool
 from specframe.experiments.report import write_report
 from specframe.experiments.runs import AnswerRecord, RunDir, read_answers
 

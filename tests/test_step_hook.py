@@ -172,7 +172,8 @@ def test_on_step_sees_every_step_with_the_engines_path(target, policy):
 
 
 def test_spec_runner_records_trees_through_the_hook(target):
-    from specframe.experiments.experiment import SpecRunner, _pick_trees
+    from specframe.experiments.records import _pick_trees
+    from specframe.experiments.runners import SpecRunner
 
     dec = _decoder(target, "talon")
     build = dec.policy.build

@@ -24,7 +24,7 @@ import torch
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import PromptEncoder, load_questions
 from specframe.decode.engine import SpecDecoder, make_plugin
-from specframe.experiments.experiment import ModelPool, _no_loading_bars, load_tokenizer
+from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_bars
 from specframe.models.gguf import pid_alive
 from specframe.models.target import TargetModel
 from specframe.replay.projection import fit_rest
@@ -187,7 +187,7 @@ def clear_stale_temporaries(final: Path) -> None:
 
 
 def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: Any) -> Trace:
-    from specframe.experiments.experiment import _ProgressBar
+    from specframe.experiments.progress import ProgressBar
     from specframe.sizing.profile import curve_for
 
     questions = load_questions(config.data.path, config.data.category, config.data.limit)
@@ -195,7 +195,7 @@ def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: A
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        with _no_loading_bars():
+        with no_loading_bars():
             pool = ModelPool(config)
             model = pool.target()
             target = TargetModel(model)
@@ -210,7 +210,7 @@ def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: A
         rest: list[tuple[int, float]] = []
         ratios: list[float] = []
         total = sum(len(q.turns) for q in questions)
-        with _ProgressBar(total, 0, enabled=progress, console=console) as advance:
+        with ProgressBar(total, 0, enabled=progress, console=console) as advance:
             for q in questions:
                 answers: list[list[int]] = []
                 prompt = None

@@ -21,7 +21,9 @@ from specframe.experiments.config import ArmConfig, ExperimentConfig
 from specframe.experiments.data import Question
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.errors import ContextError, one_line, warn
-from specframe.experiments.experiment import Experiment, ModelPool, RunOutcome, _no_loading_bars, arm_where, batch_answers
+from specframe.experiments.experiment import Experiment, RunOutcome
+from specframe.experiments.loading import ModelPool, no_loading_bars
+from specframe.experiments.runners import arm_where, batch_answers
 from specframe.options import NoOptions
 from specframe.plugins import get_registry
 from specframe.sizing.profile import CostCurve
@@ -314,7 +316,7 @@ class ReplayExperiment(Experiment):
         declare an exact or approximate replay is left out with a warning (a composite
         drafter's declaration is known only once it is built)."""
         cfg = self.config
-        with _no_loading_bars():
+        with no_loading_bars():
             pool = self.pool = ModelPool(cfg)
             model = pool.target()
             recorded = self.trace.environment.get("config_hash")
