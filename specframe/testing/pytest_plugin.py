@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         return
     import pytest
 
-    base = module._Conformance
+    base = module.Conformance
     for item in items:
         cls = getattr(item, "cls", None)
         if cls is not None and issubclass(cls, base):
