@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specframe.experiments.data import ByteTokenizer
 from specframe.experiments.plots import node_label
-from specframe.experiments.tokentext import TokenText, visible
+from specframe.experiments.explorer.tokentext import TokenText, visible
 
 
 def test_pieces_join_into_the_decode_and_never_split_a_character():

@@ -34,7 +34,7 @@ from specframe.experiments.runners import (StatePositions, build_runner, context
                                            guarded_generate, keeps_state)
 from specframe.experiments.runs import AnswerRecord, AnswerStore, RunDir, RunFile, answer_key
 from specframe.experiments.runs.runfile import question_digest
-from specframe.experiments.tokentext import TokenText
+from specframe.experiments.explorer.tokentext import TokenText
 
 RecordHook = Callable[[str, dict], None]
 #: How the run treats drafters that keep state across requests (``persistent_state``), in run.json

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from specframe.experiments.metrics import step_points
-from specframe.experiments.tokentext import visible
+from specframe.experiments.explorer.tokentext import visible
 
 
 def _figure(width: float, height: float) -> Any:

@@ -10,7 +10,7 @@ from specframe.experiments.baselines import ArmOutput
 from specframe.experiments.config import ArmConfig
 from specframe.experiments.data import Question
 from specframe.experiments.runs import AnswerRecord, Choice, steps_columns
-from specframe.experiments.tokentext import TokenText
+from specframe.experiments.explorer.tokentext import TokenText
 
 
 def _pick_trees(trees: list, k: int | None, text: TokenText | None = None, max_budget: int | None = None) -> list[dict]:

@@ -8,8 +8,8 @@ set two arms side by side on one question; clicking a span opens that step's tre
 "same position" ticked) the other arm's step that emitted the same token position.
 
 Everything is rendered here, from the answer records alone (the records carry the token
-text, :mod:`specframe.experiments.tokentext`), and escaped here: the page's one script only
-shows and hides these elements (:mod:`specframe.experiments.explorer_page`).
+text, :mod:`specframe.experiments.explorer.tokentext`), and escaped here: the page's one script only
+shows and hides these elements (:mod:`specframe.experiments.explorer.page`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from specframe.experiments.explorer_page import page
-from specframe.experiments.tokentext import visible
+from specframe.experiments.explorer.page import page
+from specframe.experiments.explorer.tokentext import visible
 
 
 def _esc(value: Any) -> str:
