@@ -81,9 +81,35 @@ def model_path(value: str, ctx: ExportContext) -> str:
     return str(shipped) if shipped is not None else str(value)
 
 
+def option_values(kind: str, ref: Any) -> dict[str, Any]:
+    """``ref``'s options over its plugin's ``Options`` defaults: the values the plugin runs with,
+    so a mapping reads a default from the plugin, never from a copy of it here."""
+    import dataclasses
+
+    from specframe.plugins import get_registry
+
+    cls = getattr(get_registry().get(kind, ref.name), "Options", None)
+    defaults = {}
+    if cls is not None and dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory()
+    return {**defaults, **ref.options}
+
+
+def policy_depth(policy: Any) -> int:
+    """How deep an adaptive policy's tree grows: its ``depth``, else its ``max_depth``, as the
+    policy itself defaults them (4 for a policy that declares neither)."""
+    o = option_values("policies", policy)
+    return int(o.get("depth", o.get("max_depth", 4)))
+
+
 def chain_length(policy: Any, ctx: ExportContext, fid: Fidelity) -> int:
     """Tokens a chain drafts per step; ``auto`` is approximated by what the run settled on."""
-    gamma = policy.options.get("gamma", 4)
+    o = option_values("policies", policy)
+    gamma = o["gamma"]
     if gamma != "auto":
         return int(gamma)
     depths = ctx.recorded("depth")
@@ -91,18 +117,19 @@ def chain_length(policy: Any, ctx: ExportContext, fid: Fidelity) -> int:
         gamma = max(1, round(statistics.median(depths)))
         fid.add(APPROXIMATED, f"gamma = 'auto' sizes each step; served as the median recorded length {gamma}")
         return gamma
-    gamma = int(policy.options.get("max_gamma", 32))
+    gamma = int(o["max_gamma"])
     fid.add(APPROXIMATED, f"gamma = 'auto' sizes each step and no run is recorded: served at its bound max_gamma = {gamma}")
     return gamma
 
 
 def tree_budget(policy: Any, ctx: ExportContext) -> int:
     """The node budget (root included) an adaptive policy's fitted tree gets."""
-    budget = policy.options.get("budget", 60)
+    o = option_values("policies", policy)
+    budget = o.get("budget", 60)
     if budget != "auto":
         return int(budget)
     sizes = ctx.recorded("tree_size")
-    return max(2, round(statistics.median(sizes))) if sizes else int(policy.options.get("max_budget", 64))
+    return max(2, round(statistics.median(sizes))) if sizes else int(o.get("max_budget", 64))
 
 
 def static_paths(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:

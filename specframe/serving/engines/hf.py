@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.serving.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, option_values, policy_depth,
+    static_paths, verifier_fidelity, verifier_name,
+)
 from specframe.serving.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -53,9 +55,9 @@ def _chain(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[int, dict]:
     """``(gamma, chain options)`` of the arm's policy; a tree is served as its top chain."""
     p = arm.policy
     if p.name == "chain":
-        return chain_length(p, ctx, fid), p.options
+        return chain_length(p, ctx, fid), option_values("policies", p)
     paths = static_paths(arm, ctx, fid)
-    depth = chain_of(paths) if paths else int(p.options.get("depth", p.options.get("max_depth", 4)))
+    depth = chain_of(paths) if paths else policy_depth(p)
     fid.add(APPROXIMATED, f"transformers drafts chains: the {p.name} tree is served as a chain of {depth}")
     return depth, {}
 
@@ -64,15 +66,16 @@ def export(arm: Any, ctx: ExportContext) -> Export:
     """``arm`` as ``generate`` keyword arguments."""
     fid, settings, needs = Fidelity(), {}, []
     d = arm.drafter
+    o = option_values("drafters", d)
     gamma, chain = _chain(arm, ctx, fid)
     if d.name == "ngram":
-        settings.update(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=int(d.options.get("max_ngram", 3)))
+        settings.update(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=int(o["max_ngram"]))
         fid.add(APPROXIMATED, NGRAM_RULE)
-        if int(d.options.get("min_ngram", 1)) != 1:
+        if int(o["min_ngram"]) != 1:
             fid.add(APPROXIMATED, f"min_ngram {d.options['min_ngram']}: transformers matches down to 1 token")
     elif d.name == "model":
         schedule = chain.get("schedule", "constant")
-        threshold = float(chain.get("confidence_threshold", 0.4)) if chain.get("confidence_stop") else 0.0
+        threshold = float(chain["confidence_threshold"]) if chain.get("confidence_stop") else 0.0
         settings.update(assistant_model=model_path(d.options.get("model"), ctx), num_assistant_tokens=gamma,
                         num_assistant_tokens_schedule=schedule, assistant_confidence_threshold=threshold)
         needs.append(ASSISTANT_NOTE)

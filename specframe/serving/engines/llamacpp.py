@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.serving.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, option_values, policy_depth,
+    static_paths, verifier_fidelity, verifier_name,
+)
 from specframe.serving.engines.fidelity import (
     Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -53,7 +55,7 @@ def export(arm: Any, ctx: ExportContext) -> Export:
             fid.add(APPROXIMATED, f"chain schedule {p.options['schedule']!r} changes gamma each step; llama.cpp drafts up to n_max")
     else:
         paths = static_paths(arm, ctx, fid)
-        gamma = chain_of(paths) if paths else int(p.options.get("depth", p.options.get("max_depth", 4)))
+        gamma = chain_of(paths) if paths else policy_depth(p)
         fid.add(APPROXIMATED, f"llama.cpp drafts chains: the {p.name} tree is served as a chain of {gamma}")
     if d.name in ("model", "eagle3"):
         option = "model" if d.name == "model" else "path"
@@ -67,12 +69,12 @@ def export(arm: Any, ctx: ExportContext) -> Export:
         settings["spec_draft_n_max"] = gamma
         settings["spec_draft_n_min"] = 0
         if p.name == "chain" and p.options.get("confidence_stop"):
-            settings["spec_draft_p_min"] = float(p.options.get("confidence_threshold", 0.4))
+            settings["spec_draft_p_min"] = float(option_values("policies", p)["confidence_threshold"])
             fid.add(APPROXIMATED, STOP_RULE)
         else:
             settings["spec_draft_p_min"] = 0.0
     elif d.name == "ngram":
-        settings.update(spec_type="ngram-simple", spec_ngram_simple_size_n=int(d.options.get("max_ngram", 3)),
+        settings.update(spec_type="ngram-simple", spec_ngram_simple_size_n=int(option_values("drafters", d)["max_ngram"]),
                         spec_ngram_simple_size_m=gamma)
         fid.add(APPROXIMATED, NGRAM_RULE)
     else:

@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from specframe.serving.engines.common import (
-    ExportContext, chain_length, chain_of, model_path, note_unmapped, static_paths, verifier_fidelity, verifier_name)
+    ExportContext, chain_length, chain_of, model_path, note_unmapped, option_values, policy_depth,
+    static_paths, verifier_fidelity, verifier_name,
+)
 from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref
 
 ENGINE = "sglang"
@@ -68,16 +70,17 @@ def _tree_settings(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[int, in
         return gamma, 1, gamma + 1
     if p.name == "eagle" and p.options.get("budget", 60) != "auto":
         fid.add(APPROXIMATED, TREE_RULE)
-        o = p.options
+        o = option_values("policies", p)
         # specframe's depth counts the expansions after the root's (tree depth <= depth + 1);
         # SGLang's num_steps counts every drafted level.
-        return int(o.get("depth", 7)) + 1, int(o.get("top_k", 10)), int(o.get("budget", 60))
+        return int(o["depth"]) + 1, int(o["top_k"]), int(o["budget"])
     paths = static_paths(arm, ctx, fid)
     if paths is None:
-        depth = int(p.options.get("depth", p.options.get("max_depth", 4)))
-        top_k = int(p.options.get("top_k", p.options.get("k", 4)))
-        budget = p.options.get("budget", 16)
-        budget = int(budget) if budget != "auto" else int(p.options.get("max_budget", 64))
+        depth = policy_depth(p)
+        o = option_values("policies", p)
+        top_k = int(o.get("top_k", o.get("k", 4)))
+        budget = o.get("budget", 16)
+        budget = int(budget) if budget != "auto" else int(o.get("max_budget", 64))
         fid.add(APPROXIMATED, f"the {p.name} tree adapts each step and no acceptance is measured for it: served "
                 f"as SGLang's top-{top_k} tree of {depth} levels and {budget} tokens")
         return depth, top_k, budget

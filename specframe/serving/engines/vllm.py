@@ -21,7 +21,8 @@ from typing import Any
 
 from specframe.serving.engines.common import (
     ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
-    static_paths, verifier_fidelity, verifier_name)
+    option_values, policy_depth, static_paths, verifier_fidelity, verifier_name,
+)
 from specframe.serving.engines.fidelity import (
     Ref, APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
 
@@ -88,12 +89,12 @@ def parse_tree_string(text: str) -> tuple[tuple[int, ...], ...]:
 def _drafter(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity, needs: list[str]) -> None:
     """The drafter's method and options."""
     d = arm.drafter
-    o = d.options
+    o = option_values("drafters", d)
     if d.name == "ngram":
-        settings.update(method="ngram", prompt_lookup_max=int(o.get("max_ngram", 3)),
-                        prompt_lookup_min=int(o.get("min_ngram", 1)))
+        settings.update(method="ngram", prompt_lookup_max=int(o["max_ngram"]),
+                        prompt_lookup_min=int(o["min_ngram"]))
         fid.add(APPROXIMATED, NGRAM_RULE)
-        if float(o.get("decay", 1.0)) != 1.0:
+        if float(o["decay"]) != 1.0:
             fid.add(APPROXIMATED, f"ngram decay {o['decay']} (recency weighting) has no vLLM field")
     elif d.name == "model":
         settings.update(method="draft_model", model=model_path(o.get("model"), ctx))
@@ -111,15 +112,15 @@ def _drafter(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity, needs:
                     "vLLM's Medusa loads one output layer per head")
         needs.append("Medusa heads in the official layout (FasterDecoding/Medusa: medusa_lm_head weights + config.json)")
     elif d.name == "suffix":
-        settings.update(method="suffix", suffix_decoding_max_tree_depth=int(o.get("max_depth", 24)),
-                        suffix_decoding_max_cached_requests=int(o.get("max_cached_requests", 10000))
-                        if o.get("global_tree", True) else 0,
-                        suffix_decoding_max_spec_factor=float(o.get("max_spec_factor", 1.0)),
-                        suffix_decoding_min_token_prob=float(o.get("min_token_prob", 0.1)))
+        settings.update(method="suffix", suffix_decoding_max_tree_depth=int(o["max_depth"]),
+                        suffix_decoding_max_cached_requests=int(o["max_cached_requests"])
+                        if o["global_tree"] else 0,
+                        suffix_decoding_max_spec_factor=float(o["max_spec_factor"]),
+                        suffix_decoding_min_token_prob=float(o["min_token_prob"]))
         fid.add(APPROXIMATED, SUFFIX_RULE)
-        if float(o.get("max_spec_offset", 0.0)) != 0.0:
+        if float(o["max_spec_offset"]) != 0.0:
             fid.add(APPROXIMATED, f"suffix max_spec_offset = {o['max_spec_offset']} has no vLLM field (vLLM passes 0)")
-        if float(o.get("fallback_prob", 0.0)) > 0.0:
+        if float(o["fallback_prob"]) > 0.0:
             fid.add(APPROXIMATED, f"suffix fallback_prob = {o['fallback_prob']} drafts a fallback token where vLLM drafts none")
         if o.get("datastore"):
             fid.add(NOT_EXPRESSIBLE, "a suffix datastore (REST's corpus) has no vLLM field")
@@ -147,8 +148,9 @@ def _policy(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity) -> None
     if arm.drafter.name == "suffix":
         # The suffix method drafts one path of at most num_speculative_tokens (the drafter's
         # max_spec_tokens, else its tree depth) and verifies that path.
-        o = arm.drafter.options
-        cap = int(o.get("max_spec_tokens") or o.get("max_depth", 24))
+        o = option_values("drafters", arm.drafter)
+        # None reads as the tree depth (the drafter's spec_tokens); 0 is a cap of its own
+        cap = int(o["max_depth"] if o["max_spec_tokens"] is None else o["max_spec_tokens"])
         if p.name == "chain":
             gamma = chain_length(p, ctx, fid)
             if gamma < cap:
@@ -170,7 +172,7 @@ def _policy(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity) -> None
         return
     paths = static_paths(arm, ctx, fid)
     if paths is None:
-        depth = int(p.options.get("depth", p.options.get("max_depth", 4)))
+        depth = policy_depth(p)
         depth = min(depth, 8)
         fid.add(APPROXIMATED, f"the {p.name} tree adapts each step and no acceptance is measured for it "
                 f"(pass --acceptance FILE from `specframe acceptance`): served as a chain of {depth}")

@@ -1,0 +1,44 @@
+"""Exports read a plugin's defaults from its ``Options``, never from a literal copy."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import specframe
+from specframe.experiments.config import ArmConfig, PluginRef
+from specframe.serving.engines import export_arm
+
+
+def _default(kind: str, name: str, option: str):
+    cls = specframe.get_registry().get(kind, name).Options
+    return next(f.default for f in dataclasses.fields(cls) if f.name == option)
+
+
+def _arm(drafter: tuple[str, dict], policy: tuple[str, dict]) -> ArmConfig:
+    return ArmConfig("arm", drafter=PluginRef(*drafter), policy=PluginRef(*policy), verifier=PluginRef("greedy", {}))
+
+
+def test_a_suffix_cap_of_zero_tokens_exports_zero_not_the_tree_depth():
+    """The suffix drafter reads ``max_spec_tokens = None`` as its depth; 0 is a cap of its own."""
+    zero = export_arm(_arm(("suffix", {"max_spec_tokens": 0}), ("talon", {"budget": 8})), "vllm")
+    assert zero.settings["num_speculative_tokens"] == 0
+    unset = export_arm(_arm(("suffix", {}), ("talon", {"budget": 8})), "vllm")
+    assert unset.settings["num_speculative_tokens"] == _default("drafters", "suffix", "max_depth")
+
+
+@pytest.mark.parametrize("engine,key", [("hf", "num_assistant_tokens"), ("llamacpp", "spec_draft_n_max"),
+                                        ("vllm", "num_speculative_tokens")])
+def test_an_unmeasured_adaptive_tree_is_served_at_the_policys_own_default_depth(engine, key):
+    """eagle without a ``depth`` option grows to its Options default, not to a copied 4."""
+    depth = _default("policies", "eagle", "depth")
+    assert depth != 4  # not vacuous: the old literal fallback would differ
+    result = export_arm(_arm(("model", {"model": "draft/folder"}), ("eagle", {"budget": 8})), engine)
+    assert result.settings[key] == min(depth, 8)
+
+
+def test_sglang_serves_eagle_at_its_own_defaults():
+    result = export_arm(_arm(("eagle", {"path": "eagle/folder"}), ("eagle", {})), "sglang")
+    assert result.settings["speculative_num_steps"] == _default("policies", "eagle", "depth") + 1
+    assert result.settings["speculative_eagle_topk"] == _default("policies", "eagle", "top_k")
