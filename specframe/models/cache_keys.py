@@ -44,15 +44,21 @@ def model_identity(model: Any, kernel: str | None = None) -> str:
     return f"{safe(name)}-{digest}" + (f"-{kernel}" if kernel else "") + ("-gqa" if gqa else "")
 
 
-def cpu_label() -> str:
-    """This CPU's model name (``/proc/cpuinfo``), else the processor or machine name."""
+def cpu_name() -> str:
+    """This CPU's model name as ``/proc/cpuinfo`` writes it, else the processor or machine name
+    ("" when none is known)."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
-                return safe(line.split(":", 1)[1].strip())
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return safe(platform.processor() or platform.machine() or "cpu")
+    return platform.processor() or platform.machine()
+
+
+def cpu_label() -> str:
+    """:func:`cpu_name` made safe for a cache key."""
+    return safe(cpu_name() or "cpu")
 
 
 #: The "auto" kernel chosen per cache directory and key, for the process (the file is read once).

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -155,14 +154,9 @@ def from_records(records: list[dict], arm: str, source: str, method: str = "reco
 
 def provenance(command: str) -> dict:
     """Date (UTC), machine (CPU model and cores), specframe commit and the command that measured."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from specframe.models.cache_keys import cpu_name
+
+    cpu = cpu_name()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
