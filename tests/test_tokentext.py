@@ -36,3 +36,20 @@ def test_tree_labels_use_the_text_and_escape_mathtext():
     assert node_label(tree, 1) == "a_very_lo\u2026"
     assert node_label(tree, 2) == "\u21b5"
     assert node_label({"tokens": [42]}, 0) == "42"  # records without text: the id
+
+
+class _CleaningTokenizer:
+    """Decodes like tokenizers with clean-up: " ?" becomes "?", rewriting the text before it."""
+
+    PIECES = {0: "x", 1: " ", 2: "?", 3: "y"}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.PIECES[i] for i in ids).replace(" ?", "?")
+
+
+def test_pieces_join_to_the_decoded_answer_when_decoding_is_not_prefix_stable():
+    ids = [0, 1, 2, 3]
+    text = TokenText(_CleaningTokenizer())
+    pieces = text.pieces(ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == _CleaningTokenizer().decode(ids) == "x?y"

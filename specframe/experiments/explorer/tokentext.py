@@ -32,17 +32,39 @@ class TokenText:
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The text each token adds to the decoded sequence, in order: joined, they read as the
         whole decode. A token ending inside a multi-byte character adds "" and the token that
-        completes it adds the character, so no piece holds a broken character."""
-        out, shown = [], 0
+        completes it adds the character, so no piece holds a broken character. Decoding need not
+        be prefix-stable (a tokenizer's clean-up may rewrite earlier text when a token joins):
+        the earlier pieces are then cut back to the text both decodes share."""
+        out: list[str] = []
+        shown = ""
         for end in range(1, len(ids) + 1):
             text = self.tokenizer.decode([int(i) for i in ids[:end]], skip_special_tokens=False)
             if text.endswith("\ufffd") and end < len(ids):  # wait for the rest of the character
                 out.append("")
                 continue
-            out.append(text[shown:])
-            shown = len(text)
+            if not text.startswith(shown):
+                _cut_back(out, len(_shared_prefix(shown, text)))
+            out.append(text[sum(map(len, out)):])
+            shown = text
         return out
 
+
+def _shared_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _cut_back(pieces: list[str], length: int) -> None:
+    """Shorten ``pieces`` from the end so they join to their first ``length`` characters."""
+    total = sum(map(len, pieces))
+    for i in range(len(pieces) - 1, -1, -1):
+        if total <= length:
+            return
+        keep = max(0, len(pieces[i]) - (total - length))
+        total -= len(pieces[i]) - keep
+        pieces[i] = pieces[i][:keep]
 
 def visible(text: str, whitespace: bool = True) -> str:
     """``text`` with spaces, newlines, tabs and other control characters drawn as visible
