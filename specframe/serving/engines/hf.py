@@ -23,7 +23,8 @@ from specframe.serving.engines.common import (
     static_paths, verifier_fidelity, verifier_name,
 )
 from specframe.serving.engines.fidelity import (
-    Ref, APPROXIMATED, NOT_EXPRESSIBLE, EngineError, Export, Fidelity)
+    APPROXIMATED, EXACT, NOT_EXPRESSIBLE, EngineError, Export, Fidelity, Ref,
+)
 
 ENGINE = "hf"
 #: The transformers version the names and rules were read from.
@@ -120,6 +121,11 @@ def import_arm(table: dict, where: str) -> tuple[Ref, Ref, Ref, Fidelity]:
             raise EngineError(f"{where}: num_assistant_tokens_schedule {schedule!r} is not supported; supported: {', '.join(SCHEDULES)}")
         threshold = float(table.get("assistant_confidence_threshold", 0.4))
         chain: dict[str, Any] = {"gamma": int(gamma), "schedule": schedule}
+        given = [k for k in ASSISTANT_KEYS if k in table]
+        if given:  # exact where they are set as transformers reads them, which the statement says
+            fid.add(EXACT, f"transformers {SOURCE_VERSION} reads {', '.join(given)} from the assistant's "
+                    "generation_config, not from generate's arguments (passed there they set the target's, which "
+                    "assisted decoding does not read): this arm runs them as set on the assistant's generation_config")
         if schedule == "heuristic":
             chain["max_gamma"] = max(32, int(gamma))
             fid.add(APPROXIMATED, f"transformers' heuristic schedule has no cap; specframe's stops at max_gamma {chain['max_gamma']}")
