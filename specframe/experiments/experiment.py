@@ -31,6 +31,7 @@ from specframe.options import build_options
 from specframe.experiments.runlock import DirectoryInUseError, RunLock
 from specframe.experiments.runs import AnswerRecord, AnswerStore, Choice, RunDir, RunFile, answer_key, read_answers, steps_columns
 from specframe.experiments.runs.runfile import question_digest
+from specframe.models.linears import planned_label
 from specframe.experiments.tokentext import TokenText
 
 RecordHook = Callable[[str, dict], None]
@@ -97,10 +98,10 @@ class ModelPool:
 
     def _build(self, spec: ModelSpec, is_target: bool) -> Any:
         model = self._build_plain(spec, is_target)
-        if spec.packed_linears:
-            from specframe.models.packed_linear import kernel_option, pack_linears
+        if spec.packed_linears or spec.linears != "float32":
+            from specframe.models.linears import apply_linears
 
-            pack_linears(model, kernel_option(spec.packed_linears))
+            apply_linears(model, spec.linears, spec.packed_linears)
         return model
 
     def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:
@@ -453,7 +454,8 @@ class Experiment:
         run_file = RunFile(self.out_dir)
         run_file.check(cfg.name, self.fingerprint(), {a.name: self._arm_definition(a) for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
-                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__)
+                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
+                       linears=planned_label(cfg.target.linears, cfg.target.packed_linears))
         references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}
         if references:  # what the report scores answers against (task accuracy)
             run_file.update(references={**run_file.read().get("references", {}), **references})

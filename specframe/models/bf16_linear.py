@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specframe.models import native_gemm
+from specframe.models.linears import check_linears
 
 SOURCE = Path(__file__).parent / "csrc" / "bf16_gemm.cpp"
 #: The kernel's paths, fastest first; ``"float32"`` is the fallback (no bf16 at all).
@@ -45,9 +46,6 @@ PATHS = ("amx", "avx512_bf16", "float32")
 FEATURES = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16"}
 #: Environment variable forcing a path (``auto`` or one of :data:`PATHS`).
 PATH_ENV = "SPECFRAME_BF16_PATH"
-#: Values of the ``linears`` switch: the model's own float32 linears (or ``packed_linears``'
-#: kernel) and this module's bf16 ones.
-LINEARS = ("float32", "bf16")
 _PATH_CODE = {"avx512_bf16": 0, "amx": 1}
 
 
@@ -184,7 +182,7 @@ def emulated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def use_linears(model: nn.Module, linears: str = "bf16", fallback: str | None = "native",
                 path: str | None = None) -> str:
-    """Install ``linears`` (one of :data:`LINEARS`) in every float32 CPU ``nn.Linear`` of
+    """Install ``linears`` (one of :data:`~specframe.models.linears.LINEARS`) in every float32 CPU ``nn.Linear`` of
     ``model``, in place, and return what runs them (:func:`linears_label`).
 
     ``"bf16"``: :class:`Bf16Linear` on ``path`` (None: :func:`select_path`). Where the CPU has
@@ -212,13 +210,6 @@ def _native_builds() -> bool:
     from specframe.models.packed_linear import native_available
 
     return native_available()
-
-
-def check_linears(linears: object) -> str:
-    """``linears`` if it is one of :data:`LINEARS`, else ValueError naming them."""
-    if linears not in LINEARS:
-        raise ValueError(f"linears {linears!r}: use one of {', '.join(LINEARS)}")
-    return str(linears)
 
 
 def linears_label(model: nn.Module) -> str:

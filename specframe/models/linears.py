@@ -1,0 +1,58 @@
+"""The ``linears`` switch: which arithmetic a loaded model's linears run, in one place for every
+path that loads a target (experiments, replay, tuning, batching, ``specframe profile``, and
+``load_causal_lm(..., linears=...)``).
+
+``"float32"``: the model's own float32 linears, or the kernel ``packed_linears`` names
+(:mod:`specframe.models.packed_linear`). ``"bf16"``: :mod:`specframe.models.bf16_linear`'s
+row-invariant bf16 kernel; where the CPU has neither ``amx_bf16`` nor ``avx512_bf16``, the float32
+path ``packed_linears`` names (the native kernel when it names none), with one warning line.
+Torch-free at import, so a configuration can be checked before anything loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Values of ``[target] linears``, ``specframe profile --linears`` and ``load_causal_lm(linears=)``.
+LINEARS = ("float32", "bf16")
+#: What an unset switch means (and what fingerprints leave out, so older runs still match).
+DEFAULT_LINEARS = "float32"
+
+
+def check_linears(linears: object) -> str:
+    """``linears`` if it is one of :data:`LINEARS`, else ValueError naming them."""
+    if linears not in LINEARS:
+        raise ValueError(f"linears {linears!r}: use one of {', '.join(LINEARS)}")
+    return str(linears)
+
+
+def apply_linears(model: Any, linears: str = DEFAULT_LINEARS, packed_linears: bool | str = False) -> str:
+    """Install ``linears`` in ``model`` (in place) the way every loader does, and return what runs
+    them (:func:`~specframe.models.bf16_linear.linears_label`): ``"bf16-amx"``,
+    ``"bf16-avx512_bf16"``, ``"float32-native"`` / ``-onednn`` / ``-mkl`` or ``"float32"``.
+    ``packed_linears`` is the float32 kernel setting of ``[target] packed_linears`` (also the
+    fallback of ``"bf16"``)."""
+    from specframe.models.bf16_linear import linears_label, use_linears
+    from specframe.models.packed_linear import kernel_option, pack_linears
+
+    if check_linears(linears) == "bf16":
+        return use_linears(model, "bf16", fallback=kernel_option(packed_linears) if packed_linears else "native")
+    if packed_linears:
+        pack_linears(model, kernel_option(packed_linears))
+    return linears_label(model)
+
+
+def planned_label(linears: str, packed_linears: bool | str = False) -> str:
+    """What :func:`apply_linears` will install on this machine, before any model loads (what
+    run.json records): ``"bf16-<path>"``, ``"float32 (bf16 unsupported here)"``, or the float32
+    setting (``"float32"``, ``"float32-<kernel>"``; ``auto`` is decided by timing, at load)."""
+    if check_linears(linears) == "bf16":
+        from specframe.models.bf16_linear import select_path
+
+        path = select_path()
+        return f"bf16-{path}" if path != "float32" else "float32 (bf16 unsupported here)"
+    if packed_linears:
+        from specframe.models.packed_linear import kernel_option
+
+        return f"float32-{kernel_option(packed_linears)}"
+    return "float32"
