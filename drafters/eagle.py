@@ -25,7 +25,7 @@ from specframe.decode.lockstep import DraftCall, row_visibility
 from specframe.decode.kv_padded import pad_columns
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
-from specframe.models.bf16_linear import linears_label, use_linears
+from specframe.models.linears import linears_label, use_linears
 from specframe.models.packed_linear import linear_kernel, pack_linears
 from specframe.selection import topk_per_row
 from specframe.models.target import TargetModel

@@ -15,8 +15,9 @@ from torch import nn
 
 import specframe
 from specframe.models import bf16_linear
-from specframe.models.bf16_linear import (PAIR_ORDER, Bf16Linear, emulated_linear, linears_label, missing,
-                                          reference_linear, select_path, use_linears)
+from specframe.models.bf16_linear import (PAIR_ORDER, Bf16Linear, emulated_linear, missing, reference_linear,
+                                          select_path)
+from specframe.models.linears import linears_label, use_linears
 from specframe.testing.models import tiny_model
 
 #: The largest tree a policy builds on the cost curve's sizes (QUICK_SIZES): the row counts

@@ -104,6 +104,7 @@ def test_key_names_model_device_dtype_threads_and_torch():
 
 def test_key_names_the_cpu_model_and_bf16_linears(monkeypatch):
     from specframe.models import bf16_linear
+    from specframe.models.linears import use_linears
 
     model = tiny_model("llama", seed=0, dtype=torch.float32)
     key = profile.curve_key(model, torch.device("cpu"), torch.float32, 2)
@@ -115,7 +116,7 @@ def test_key_names_the_cpu_model_and_bf16_linears(monkeypatch):
     path = next((p for p in ("amx", "avx512_bf16") if not bf16_linear.missing(p)), None)
     if path is None:
         pytest.skip("this CPU has neither amx_bf16 nor avx512_bf16")
-    bf16_linear.use_linears(model, "bf16", path=path)
+    use_linears(model, "bf16", path=path)
     assert profile.curve_key(model, torch.device("cpu"), torch.float32, 2) == key.replace(
         "_cpu-", f"-bf16-{path.replace('_', '-')}_cpu-", 1)
 

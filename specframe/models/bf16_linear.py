@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specframe.models import native_gemm
-from specframe.models.linears import check_linears
 
 SOURCE = Path(__file__).parent / "csrc" / "bf16_gemm.cpp"
 #: The kernel's paths, fastest first; ``"float32"`` is the fallback (no bf16 at all).
@@ -178,47 +177,3 @@ def emulated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         acc = acc + xb[:, p, one, None] * wb[None, :, p, one]
         acc = acc + xb[:, p, two, None] * wb[None, :, p, two]
     return acc if bias is None else acc + bias.detach()
-
-
-def use_linears(model: nn.Module, linears: str = "bf16", fallback: str | None = "native",
-                path: str | None = None) -> str:
-    """Install ``linears`` (one of :data:`~specframe.models.linears.LINEARS`) in every float32 CPU ``nn.Linear`` of
-    ``model``, in place, and return what runs them (:func:`linears_label`).
-
-    ``"bf16"``: :class:`Bf16Linear` on ``path`` (None: :func:`select_path`). Where the CPU has
-    neither bf16 feature, ``fallback`` is installed instead, a kernel of
-    :func:`~specframe.models.packed_linear.pack_linears` (None: the plain float32 linears), with
-    one warning line saying so. ``"float32"`` leaves the model as it is. Raises ValueError
-    naming the valid values for anything else."""
-    from specframe.models.packed_linear import _linears, pack_linears
-
-    if check_linears(linears) == "float32":
-        return linears_label(model)
-    chosen = select_path(path)
-    if chosen != "float32":
-        for parent, name, child in _linears(model):
-            setattr(parent, name, Bf16Linear(child, chosen))
-        return linears_label(model)
-    warnings.warn(f"bf16 linears: {missing('avx512_bf16')} and no amx_bf16; running float32 "
-                  f"{fallback or 'plain'} linears instead", RuntimeWarning, stacklevel=2)
-    if fallback and linears_label(model) == "float32":
-        pack_linears(model, fallback if fallback != "native" or _native_builds() else "auto")
-    return linears_label(model)
-
-
-def _native_builds() -> bool:
-    from specframe.models.packed_linear import native_available
-
-    return native_available()
-
-
-def linears_label(model: nn.Module) -> str:
-    """What runs ``model``'s linears: ``"bf16-amx"`` / ``"bf16-avx512_bf16"``, a float32
-    kernel ``"float32-native"`` / ``"-onednn"`` / ``"-mkl"``, or ``"float32"`` (plain)."""
-    from specframe.models.packed_linear import linear_kernel
-
-    layer = next((m for m in model.modules() if isinstance(m, Bf16Linear)), None)
-    if layer is not None:
-        return f"bf16-{layer.path}"
-    kernel = linear_kernel(model)
-    return f"float32-{kernel}" if kernel else "float32"

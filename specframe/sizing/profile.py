@@ -283,7 +283,7 @@ def model_label(model: Any) -> str:
     linears, ``-bf16-amx`` / ``-bf16-avx512-bf16`` for :mod:`specframe.models.bf16_linear`'s (no mark:
     the model's own linears), and ``-gqa`` when its attention is :mod:`specframe.models.attention`'s
     (all change it)."""
-    from specframe.models.bf16_linear import linears_label
+    from specframe.models.linears import linears_label
     from specframe.models.packed_linear import linear_kernel
 
     label = linears_label(model)
