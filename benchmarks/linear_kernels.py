@@ -11,6 +11,13 @@ them all alike, which back-to-back ``specframe profile`` runs do not guarantee.
 
 Prints ms and T(n)/T(1) per kernel, the pick of ``packed_linears = true`` (``"auto"``) on this
 machine, and whether the greedy next token of a prompt agrees across kernels.
+
+    python benchmarks/linear_kernels.py --bf16 [--contexts 128,512] [--sizes 1-64] [--threads 2]
+
+compares float32 native against bf16 linears (:mod:`specframe.models.bf16_linear`, the path this
+CPU takes) instead: T(n) for every n of ``--sizes`` at each context, the two arms taking turns in
+every round, then per arm and context T(1), T(16)/T(1) and T(64)/T(1), and bf16's T(1) over
+float32's, under the CPU's model name.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import statistics
 
 import torch
 
+from specframe.models.cache_keys import cpu_label
+from specframe.models.linears import use_linears
 from specframe.sizing import profile
 from specframe.models.packed_linear import available_kernels, fastest_kernel, pack_linears
 from specframe.models.target import TargetModel, load_causal_lm
@@ -56,17 +65,66 @@ def interleaved_times(tgts: dict[str, TargetModel], sizes: list[int], cache_len:
     return {k: [statistics.median(r) for r in v] for k, v in runs.items()}
 
 
+def bf16_targets(model_name: str) -> dict[str, TargetModel]:
+    """float32 native and bf16 linears on one loaded model (two copies)."""
+    base = load_causal_lm(model_name, dtype="float32")
+    bf16 = copy.deepcopy(base)
+    out = {"float32-" + pack_linears(base, "native"): TargetModel(base)}
+    out[use_linears(bf16, "bf16", fallback=None)] = TargetModel(bf16)
+    return out
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1-64"`` or ``"1,2,4"`` (ranges and lists may mix) -> sorted sizes."""
+    found: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        found.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(found)
+
+
+def bf16_report(times: dict[int, dict[str, list[float]]], sizes: list[int], args: argparse.Namespace) -> list[str]:
+    """The comparison's lines: per context and arm T(1), T(16)/T(1), T(64)/T(1), and the T(1) ratio."""
+    def ratio(secs: list[float], n: int) -> str:
+        return f"{secs[sizes.index(n)] / secs[0]:.2f}" if n in sizes else "-"
+
+    lines = [f"CPU: {cpu_label()}", f"{args.model}, {args.threads} threads, median of {args.reps} interleaved rounds, "
+             f"sizes {sizes[0]}..{sizes[-1]}", "",
+             "| context | linears | T(1) ms | T(16)/T(1) | T(64)/T(1) |", "|---|---|---|---|---|"]
+    for ctx, per_arm in times.items():
+        for arm, secs in per_arm.items():
+            lines.append(f"| {ctx} | {arm} | {1e3 * secs[0]:.1f} | {ratio(secs, 16)} | {ratio(secs, 64)} |")
+    lines.append("")
+    for ctx, per_arm in times.items():
+        (f32, a), (b16, b) = list(per_arm.items())[:2]
+        lines.append(f"context {ctx}: {b16} T(1) / {f32} T(1) = {b[0] / a[0]:.2f}")
+    lines.append("")
+    for ctx, per_arm in times.items():
+        for arm, secs in per_arm.items():
+            lines.append(f"T(n) ms, context {ctx}, {arm}: " + " ".join(f"{1e3 * s:.1f}" for s in secs))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     """Run the comparison and print it; returns the printed text."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--sizes", default=None, help="default 1,2,4,8,16,32 (with --bf16: 1-64)")
     parser.add_argument("--cache-len", type=int, default=200)
+    parser.add_argument("--contexts", default="128,512", help="with --bf16: the contexts timed")
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--bf16", action="store_true", help="float32 native against bf16 linears")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.bf16:
+        sizes = parse_sizes(args.sizes or "1-64")
+        tgts = bf16_targets(args.model)
+        times = {c: interleaved_times(tgts, sizes, c, args.reps) for c in parse_sizes(args.contexts)}
+        text = "\n".join(bf16_report(times, sizes, args))
+        print(text)
+        return text
+    sizes = [int(s) for s in (args.sizes or "1,2,4,8,16,32").split(",")]
     tgts = targets(args.model)
     times = interleaved_times(tgts, sizes, args.cache_len, args.reps)
     lines = [f"{args.model}, float32, {args.threads} threads, cache {args.cache_len}, median of {args.reps} "

@@ -25,6 +25,7 @@ from specframe.decode.lockstep import DraftCall, row_visibility
 from specframe.decode.kv_padded import pad_columns
 from specframe.interfaces import Drafter
 from specframe.options import OptionError, require
+from specframe.models.linears import linears_label, use_linears
 from specframe.models.packed_linear import linear_kernel, pack_linears
 from specframe.selection import topk_per_row
 from specframe.models.target import TargetModel
@@ -82,11 +83,13 @@ class EagleDrafter(Drafter):
             head = load_head(options.path, target, kind=self.kind, allow_pickle=options.allow_pickle,
                              dtype=dtype, device=target.device)
             # A head of its own runs the small-batch linear kernel the target was given
-            # (packed_linears): its forwards are tree layers of a few tokens too. A head passed
+            # (packed_linears, or bf16 linears): its forwards are tree layers of a few tokens too. A head passed
             # in stays as it is (it is the caller's object).
             kernel = linear_kernel(target.model)
             if kernel is not None:
                 pack_linears(head, kernel)
+            elif linears_label(target.model).startswith("bf16-"):
+                use_linears(head, "bf16")
         self.head: EagleHead = head.eval()
         self.device = target.device
         self.begin(torch.zeros(1, dtype=torch.long))

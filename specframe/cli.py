@@ -320,6 +320,9 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--packed-linears", type=click.Choice(["auto", "native", "onednn", "mkl"]), is_flag=False, flag_value="auto",
               default=None, help="Measure with fast small-batch float32 CPU linears, as [target] packed_linears "
                                  "(alone: auto, the fastest kernel on this CPU).")
+@click.option("--linears", type=click.Choice(["float32", "bf16"]), default="float32", show_default=True,
+              help="Measure with these linears, as [target] linears (bf16: the row-invariant bf16 kernel where "
+                   "the CPU has amx_bf16 or avx512_bf16).")
 @click.option("--batch", "batches", default=None,
               help="Batch sizes B, comma-separated (e.g. 1,2,4,8): also measure T_B(n), one packed forward of "
                    "B trees of n nodes, which budget=\"auto\" prices batched decoding with (default: 1 only).")
@@ -327,7 +330,7 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
               help="With --batch: the batch cache layout measured (BatchDecoder's layout).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
                     cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None,
-                    batches: str | None, layout: str) -> None:
+                    linears: str, batches: str | None, layout: str) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
     With --batch, also the curve at each batch size (docs/batching.md)."""
@@ -338,14 +341,14 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
     batch_t = profile.parse_ints(batches, (1,))
     if batch_t == (1,):
         curve, path, png = profile.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
-                                                 packed_linears or False)
+                                                 packed_linears or False, linears)
         click.echo(profile.format_table(curve))
         click.echo(f"cached: {path}")
         click.echo(f"plot: {png}")
         return
     from specframe.decode import batch_curves
 
-    target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False)
+    target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False, linears)
     curves, paths, png = batch_curves.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
                                                        layout)
     for b, curve in curves.items():

@@ -30,6 +30,9 @@ def pytest_configure(config):
     config._specframe_test_cache = cache
     os.environ["SPECFRAME_CACHE"] = cache
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # Tiny models' sub-millisecond forwards spread with any load and say nothing about the
+    # machine: the suite's curves are never refused as measured on a busy machine.
+    os.environ["SPECFRAME_CURVE_MAX_SPREAD"] = "inf"
     for name in CLEARED:
         os.environ.pop(name, None)
 

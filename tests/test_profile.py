@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import torch
 from click.testing import CliRunner
 
+from specframe.models import cache_keys
 from specframe.sizing import profile
 from specframe.cli import cli
 from specframe.models.packed_linear import pack_linears, packing_available
@@ -98,7 +99,78 @@ def test_key_names_model_device_dtype_threads_and_torch():
         plain_key = profile.curve_key(packed, torch.device("cpu"), torch.float32, 3)
         pack_linears(packed, kernel)
         assert profile.curve_key(packed, torch.device("cpu"), torch.float32, 3) == plain_key.replace(
-            "_cpu_", f"-{kernel}_cpu_", 1)
+            "_cpu-", f"-{kernel}_cpu-", 1)
+
+
+def test_key_names_the_cpu_model_and_bf16_linears(monkeypatch):
+    from specframe.models import bf16_linear
+    from specframe.models.linears import use_linears
+
+    model = tiny_model("llama", seed=0, dtype=torch.float32)
+    key = profile.curve_key(model, torch.device("cpu"), torch.float32, 2)
+    assert f"_cpu-{cache_keys.cpu_label()}_" in key
+    monkeypatch.setattr(profile, "cpu_label", lambda: "Another-CPU")
+    assert profile.curve_key(model, torch.device("cpu"), torch.float32, 2) == key.replace(
+        cache_keys.cpu_label(), "Another-CPU")
+    monkeypatch.undo()
+    path = next((p for p in ("amx", "avx512_bf16") if not bf16_linear.missing(p)), None)
+    if path is None:
+        pytest.skip("this CPU has neither amx_bf16 nor avx512_bf16")
+    use_linears(model, "bf16", path=path)
+    assert profile.curve_key(model, torch.device("cpu"), torch.float32, 2) == key.replace(
+        "_cpu-", f"-bf16-{path.replace('_', '-')}_cpu-", 1)
+
+
+def test_a_measured_curve_keeps_its_spread_and_where_and_when(cache):
+    target = TargetModel(tiny_model("llama", seed=0))
+    curve = profile.measure(target, (1, 2), (8,), 4)
+    assert len(curve.spread) == 1 and len(curve.spread[0]) == 2 and all(v >= 0 for v in curve.spread[0])
+    assert curve.measured["cpu"] == cache_keys.cpu_label() and curve.measured["reps"] == 4 and curve.measured["at"]
+    again = profile.CostCurve.from_json(curve.to_json())
+    assert again.spread == curve.spread and again.measured == curve.measured
+    assert curve.measured["host"] in again.provenance() and "spread" in again.provenance()
+    assert "unrecorded" in profile.CostCurve("k", [1], [0], [[1.0]]).provenance()
+
+
+def test_relative_spread_is_the_interquartile_range_over_the_median():
+    assert profile.relative_spread([1.0]) == 0.0
+    assert profile.relative_spread([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert profile.relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0) / 3.0)
+
+
+def _noisy(spreads):
+    """measure() stand-in whose n-th curve has spread ``spreads[n]`` at every point."""
+    calls = []
+
+    def fake(target, sizes, cache_lens, reps):
+        calls.append(1)
+        return profile.CostCurve("k", [1, 2], [0], [[1.0, 2.0]], spread=[[spreads[len(calls) - 1]] * 2])
+    return fake, calls
+
+
+def test_a_curve_spread_too_wide_is_measured_again_then_refused_as_busy(monkeypatch):
+    monkeypatch.setenv(profile.SPREAD_ENV, "0.15")
+    fake, calls = _noisy([0.5, 0.05])
+    monkeypatch.setattr(profile, "measure", fake)
+    assert profile.measure_trusted(None).noise() == 0.05 and len(calls) == 2
+    fake, calls = _noisy([0.5, 0.4])
+    monkeypatch.setattr(profile, "measure", fake)
+    with pytest.raises(profile.BusyMachineError, match="busy.*40%") as err:
+        profile.measure_trusted(None)
+    assert len(calls) == 2 and "\n" not in str(err.value)
+
+
+def test_curve_for_logs_where_and_when_its_curve_was_measured(cache, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setattr(profile, "_SHOWN", set())
+    target = TargetModel(tiny_model("llama", seed=0))
+    monkeypatch.setattr(profile, "measure", lambda t, *a, **k: profile.CostCurve(
+        profile.curve_key(t.model, t.device, t.dtype), [1, 2], [0], [[1.0, 2.0]],
+        measured={"at": "2026-12-07T10:00:00+00:00", "host": "quiet-box", "cpu": "X", "threads": 2, "reps": 5}))
+    with caplog.at_level(logging.INFO, logger="specframe.sizing"):
+        profile.curve_for(target)
+    assert any("2026-12-07T10:00:00" in r.getMessage() and "quiet-box" in r.getMessage() for r in caplog.records)
 
 
 def test_first_use_measures_once_and_caches(cache, monkeypatch):

@@ -34,6 +34,7 @@ from specframe.experiments.runners import (StatePositions, build_runner, context
                                            guarded_generate, keeps_state)
 from specframe.experiments.runs import AnswerRecord, AnswerStore, RunDir, RunFile, answer_key
 from specframe.experiments.runs.runfile import question_digest
+from specframe.models.linears import planned_label
 from specframe.experiments.explorer.tokentext import TokenText
 
 RecordHook = Callable[[str, dict], None]
@@ -135,7 +136,8 @@ class Experiment:
         run_file = RunFile(self.out_dir)
         run_file.check(cfg.name, self.fingerprint(), {a.name: self._arm_definition(a) for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
-                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__)
+                       target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
+                       linears=planned_label(cfg.target.linears, cfg.target.packed_linears))
         references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}
         if references:  # what the report scores answers against (task accuracy)
             run_file.update(references={**run_file.read().get("references", {}), **references})

@@ -66,10 +66,10 @@ class ModelPool:
 
     def _build(self, spec: ModelSpec, is_target: bool) -> Any:
         model = self._build_plain(spec, is_target)
-        if spec.packed_linears:
-            from specframe.models.packed_linear import kernel_option, pack_linears
+        if spec.packed_linears or spec.linears != "float32":
+            from specframe.models.linears import apply_linears
 
-            pack_linears(model, kernel_option(spec.packed_linears))
+            apply_linears(model, spec.linears, spec.packed_linears)
         return model
 
     def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:

@@ -41,22 +41,28 @@ def _cpu_flags() -> str:
     return platform.machine()
 
 
-def extension_name() -> str:
-    """The cache name of the build for this source, these flags and this CPU."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode())
-    return f"specframe_small_gemm_{digest.hexdigest()[:16]}"
+def extension_name(source: Path = SOURCE, prefix: str = "specframe_small_gemm") -> str:
+    """The cache name of the build of ``source`` with these flags for this CPU."""
+    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode())
+    return f"{prefix}_{digest.hexdigest()[:16]}"
 
 
-@lru_cache(maxsize=1)
-def _build() -> tuple[ModuleType | None, str]:
+def compile_source(source: Path, prefix: str) -> tuple[ModuleType | None, str]:
+    """Build (or load the cached build of) the extension ``source``: ``(module, "")``, or
+    ``(None, why)`` when it cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS),
+        return load(name=extension_name(source, prefix), sources=[str(source)], extra_cflags=list(FLAGS),
                     extra_ldflags=_link_flags(), verbose=False), ""
     except Exception as exc:  # no compiler, no ninja, a failed build: the other kernels remain
         lines = str(exc).strip().splitlines() or [""]
         return None, f"{type(exc).__name__}: {lines[-1]}"  # a build log's last line names the failure
+
+
+@lru_cache(maxsize=1)
+def _build() -> tuple[ModuleType | None, str]:
+    return compile_source(SOURCE, "specframe_small_gemm")
 
 
 def load_extension() -> ModuleType | None:

@@ -418,13 +418,20 @@ def load_causal_lm(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
+    linears: str = "float32",
 ) -> Any:
     """Load a causal LM from a local path, a hub id or a shipped name (``demo-target``, ...).
 
     Raises FileNotFoundError with the resolved path when a local-looking path does not exist.
     A CPU model loaded with ``"sdpa"`` whose K/V heads are grouped gets
     :func:`specframe.models.attention.use_gqa_sdpa` (the same attention without copying K/V per head).
+    ``linears="bf16"`` runs its linears through the row-invariant bf16 kernel where the CPU
+    has one (:mod:`specframe.models.linears`, as ``[target] linears``); ValueError names the
+    valid values.
     """
+    from specframe.models.linears import apply_linears, check_linears
+
+    check_linears(linears)
     from transformers import AutoModelForCausalLM
 
     from specframe.models.assets import resolve_model_path
@@ -437,4 +444,6 @@ def load_causal_lm(
     if device is not None:
         model = model.to(device)
     use_gqa_sdpa(model)
+    if linears != "float32":
+        apply_linears(model, linears)
     return model.eval()

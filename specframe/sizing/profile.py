@@ -6,17 +6,29 @@ policies (``budget="auto"``, ``gamma="auto"``) read the curve from here.
 
 A curve is measured for one model on one device, dtype and thread count, at a few cache lengths
 (the committed context the tree attends to), and cached as JSON under
-``specframe.models.gguf.cache_root()/profiles``, keyed by model, device, dtype, threads and torch
-version. :func:`curve_for` returns the cached curve or measures a short one (a few seconds) and
-caches it; ``specframe profile MODEL`` measures a longer one, prints it and plots it.
+``specframe.models.gguf.cache_root()/profiles``, keyed by model (with what runs its linears),
+device (a CPU's model name, a GPU's name), dtype, threads and torch version. :func:`curve_for`
+returns the cached curve or measures a short one (a few seconds) and caches it; ``specframe
+profile MODEL`` measures a longer one, prints it and plots it.
+
+A curve measured while another job loads the machine is wrong in a way no later reader can see
+(a T(16)/T(1) of 5.1 where the quiet machine gives 1.46 was once cached and reused). So a
+measurement keeps the spread of its repetitions beside the medians, and where (host, CPU) and
+when it was taken: :func:`measure_trusted` measures again when the spread is wider than
+:func:`max_spread` and otherwise refuses with :class:`BusyMachineError`, and :func:`curve_for`
+logs where and when the curve it hands a policy was measured.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
+import os
+import platform
 import statistics
 import time
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from specframe.models.cache_keys import model_identity, profiles_dir, safe
+from specframe.models.cache_keys import cpu_label, model_identity, profiles_dir, safe
 from specframe.tree import DraftTree
 
 #: Tree sizes (root included) and cache lengths of the short curve measured at first use.
@@ -35,6 +47,17 @@ QUICK_REPS = 5
 FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 FULL_CACHE_LENS = (128, 512, 2048)
 FULL_REPS = 7
+
+#: Widest spread of repetitions a curve may have to be cached (:meth:`CostCurve.noise`: the median
+#: over its points of the interquartile range of the repetitions over their median). On a quiet
+#: 2-core machine SmolLM2's points spread by a few percent; a concurrent job spreads them by tens.
+MAX_SPREAD = 0.15
+#: Environment variable overriding :data:`MAX_SPREAD` (``inf`` accepts any curve: the test suite,
+#: whose tiny models' sub-millisecond forwards say nothing about the machine).
+SPREAD_ENV = "SPECFRAME_CURVE_MAX_SPREAD"
+_LOG = logging.getLogger("specframe.sizing")
+#: Curve keys whose provenance this process has logged.
+_SHOWN: set[str] = set()
 
 #: One measurement per process, cache directory and key (keyed by the directory too, so that
 #: pointing the cache elsewhere mid-process reads that cache, not a curve kept from the last).
@@ -54,6 +77,10 @@ class CostCurve:
             linears, :func:`padded_rows`); a size between two of them costs what the next one
             costs, so the curve is read as a staircase there instead of interpolated. Empty:
             every size is interpolated.
+        spread: ``spread[i][j]``: the interquartile range of the repetitions behind
+            ``seconds[i][j]`` over their median (empty: not recorded, a curve cached before).
+        measured: where and when: ``at`` (UTC, ISO 8601), ``host``, ``cpu``, ``threads``,
+            ``reps`` (empty: not recorded).
 
     Raises:
         ValueError: the fields do not make a curve (:meth:`problem`), in one line naming
@@ -66,6 +93,8 @@ class CostCurve:
     cache_lens: list[int]
     seconds: list[list[float]]
     padded_to: list[int] = field(default_factory=list)
+    spread: list[list[float]] = field(default_factory=list)
+    measured: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problem = self.problem(self.sizes, self.cache_lens, self.seconds, self.padded_to)
@@ -104,6 +133,19 @@ class CostCurve:
         if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             return False
         return all(v >= lowest for v in values) and all(a < b for a, b in zip(values, values[1:]))
+
+    def noise(self) -> float:
+        """The median over the points of :attr:`spread` (0.0 when not recorded)."""
+        values = [v for row in self.spread for v in row]
+        return statistics.median(values) if values else 0.0
+
+    def provenance(self) -> str:
+        """Where and when the curve was measured, in words (one line)."""
+        m = self.measured
+        if not m:
+            return "measured at an unrecorded time and place (cached before specframe recorded them)"
+        return (f"measured {m.get('at', '?')} on {m.get('host', '?')} ({m.get('cpu', '?')}, "
+                f"{m.get('threads', '?')} threads, {m.get('reps', '?')} reps, spread {100 * self.noise():.0f}%)")
 
     def time(self, n: int, cache_len: int | None = None) -> float:
         """T(n) in seconds at ``cache_len`` (None: the shortest measured), interpolated linearly
@@ -165,8 +207,8 @@ class CostCurve:
             raise ValueError(f"{where}: not JSON ({err})") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        known = {"key", "sizes", "cache_lens", "seconds", "padded_to"}
-        missing = sorted(known - {"padded_to"} - set(raw))  # curves cached before padded_to lack it
+        known = {"key", "sizes", "cache_lens", "seconds", "padded_to", "spread", "measured"}
+        missing = sorted(known - {"padded_to", "spread", "measured"} - set(raw))  # older curves lack them
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
         if set(raw) - known:
@@ -174,6 +216,8 @@ class CostCurve:
         if not isinstance(raw["key"], str):
             raise ValueError(f"{where}: key must be a string, got {raw['key']!r}")
         problem = cls.problem(raw["sizes"], raw["cache_lens"], raw["seconds"], raw.get("padded_to", []))
+        if not isinstance(raw.get("measured", {}), dict) or not isinstance(raw.get("spread", []), list):
+            problem = "measured must be an object and spread a list"
         if problem:
             raise ValueError(f"{where}: {problem}")
         return cls(**raw)
@@ -236,18 +280,25 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
     ``-native`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.models.packed_linear.pack_linears` replaced its
-    linears and ``-gqa`` when its attention is :mod:`specframe.models.attention`'s (both change it)."""
+    linears, ``-bf16-amx`` / ``-bf16-avx512-bf16`` for :mod:`specframe.models.bf16_linear`'s (no mark:
+    the model's own linears), and ``-gqa`` when its attention is :mod:`specframe.models.attention`'s
+    (all change it)."""
+    from specframe.models.linears import linears_label
     from specframe.models.packed_linear import linear_kernel
 
-    return model_identity(model, linear_kernel(model))
+    label = linears_label(model)
+    return model_identity(model, safe(label) if label.startswith("bf16-") else linear_kernel(model))
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
-    """Cache key: model, device, dtype, torch threads and torch version."""
+    """Cache key: model (with its linears, :func:`model_label`), device (a CPU's model name, a
+    GPU's name), dtype, torch threads and torch version."""
     threads = torch.get_num_threads() if threads is None else threads
     dev = device.type if device.index is None else f"{device.type}{device.index}"
     if device.type == "cuda":
         dev += "-" + safe(torch.cuda.get_device_name(device))
+    elif device.type == "cpu":
+        dev += "-" + cpu_label()
     return "_".join([model_label(model), dev, str(dtype).replace("torch.", ""), f"t{threads}",
                      "torch" + safe(torch.__version__)])
 
@@ -329,7 +380,45 @@ def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple
     seconds = [[statistics.median(r) for r in row] for row in runs]
     target.reset()
     return CostCurve(curve_key(target.model, device, target.dtype), list(sizes), usable, seconds,
-                     padded_rows(target.model))
+                     padded_rows(target.model), [[relative_spread(r) for r in row] for row in runs],
+                     where_and_when(device, reps))
+
+
+def relative_spread(times: list[float]) -> float:
+    """The interquartile range of ``times`` over their median (0.0 for fewer than two)."""
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / statistics.median(times)
+
+
+def where_and_when(device: torch.device, reps: int) -> dict:
+    """:attr:`CostCurve.measured` of a measurement taken now on ``device``."""
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_label()
+    return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+            "cpu": what, "threads": torch.get_num_threads(), "reps": reps}
+
+
+class BusyMachineError(RuntimeError):
+    """Two measurements in a row spread wider than :func:`max_spread`: the machine is busy."""
+
+
+def max_spread() -> float:
+    """:data:`MAX_SPREAD`, or ``$SPECFRAME_CURVE_MAX_SPREAD``."""
+    return float(os.environ.get(SPREAD_ENV) or MAX_SPREAD)
+
+
+def measure_trusted(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple[int, ...] = QUICK_CACHE_LENS,
+                    reps: int = QUICK_REPS, tries: int = 2) -> CostCurve:
+    """:func:`measure`, again while its spread is wider than :func:`max_spread`, up to ``tries``
+    times; then :class:`BusyMachineError` in one line (nothing is cached)."""
+    for _ in range(tries):
+        curve = measure(target, sizes, cache_lens, reps)
+        if curve.noise() <= max_spread():
+            return curve
+    raise BusyMachineError(f"cost curve {curve.key} not kept: the machine is busy (its repetitions spread by "
+                           f"{100 * curve.noise():.0f}% in {tries} tries, at most {100 * max_spread():.0f}% is "
+                           f"trusted; {SPREAD_ENV} overrides): measure it when the machine is quiet")
 
 
 def padded_rows(model: Any) -> list[int]:
@@ -367,7 +456,10 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
         if padded:  # a curve cached before the staircase was kept (its key already names the kernel)
             curve = _MEMO[cache_dir(), key] = replace(curve, padded_to=padded)
     if curve is None and measure_if_missing:
-        curve = keep_measured(measure(target))
+        curve = keep_measured(measure_trusted(target))
+    if curve is not None and curve.key not in _SHOWN:
+        _SHOWN.add(curve.key)
+        _LOG.info("cost curve %s: %s", curve.key, curve.provenance())
     return curve
 
 
@@ -385,7 +477,7 @@ def keep_measured(curve: CostCurve) -> CostCurve:
 def format_table(curve: CostCurve) -> str:
     """T(n) in ms and T(n)/T(1) per cache length, one row per size."""
     head = "    n  " + "  ".join(f"{f'L={c} ms':>11} {'x T(1)':>7}" for c in curve.cache_lens)
-    lines = [f"cost curve {curve.key}", head]
+    lines = [f"cost curve {curve.key}", curve.provenance(), head]
     for j, n in enumerate(curve.sizes):
         cells = [f"{1e3 * row[j]:>11.3f} {row[j] / row[0]:>7.2f}" for row in curve.seconds]
         lines.append(f"{n:>5}  " + "  ".join(cells))
@@ -435,11 +527,13 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_profiled_target(name: str, dtype: str = "float32", device: str | None = None,
-                         threads: int | None = None, packed_linears: bool | str = False) -> Any:
+                         threads: int | None = None, packed_linears: bool | str = False,
+                         linears: str = "float32") -> Any:
     """Load ``name`` (path, hub id or shipped name) as the :class:`~specframe.models.target.TargetModel`
     whose curves :func:`profile_model` measures: ``threads`` torch threads (None keeps the
     current setting), ``device`` None / ``"auto"`` = CUDA when available, ``packed_linears``
-    as [target] packed_linears (True or ``"auto"``: the fastest kernel here)."""
+    as [target] packed_linears (True or ``"auto"``: the fastest kernel here), ``linears`` as
+    [target] linears (``"bf16"``: :mod:`specframe.models.linears`)."""
     from specframe.models.target import TargetModel, load_causal_lm
 
     if threads:
@@ -447,26 +541,27 @@ def load_profiled_target(name: str, dtype: str = "float32", device: str | None =
     if device in (None, "auto"):  # as the experiment's [target] device: CUDA when available
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_causal_lm(name, dtype=dtype, device=torch.device(device))
-    if packed_linears:
-        from specframe.models.packed_linear import kernel_option, pack_linears
+    if packed_linears or linears != "float32":
+        from specframe.models.linears import apply_linears
 
-        pack_linears(model, kernel_option(packed_linears))
+        apply_linears(model, linears, packed_linears)
     return TargetModel(model)
 
 
 def profile_model(name: str, dtype: str = "float32", device: str | None = None, threads: int | None = None,
                   sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
                   reps: int = FULL_REPS, plot_path: Path | None = None,
-                  packed_linears: bool | str = False) -> tuple[CostCurve, Path, Path]:
+                  packed_linears: bool | str = False, linears: str = "float32") -> tuple[CostCurve, Path, Path]:
     """Load ``name`` (:func:`load_profiled_target`), measure its curve, cache it and plot it.
 
     Returns the curve, the cache file and the plot. ``threads`` sets torch's intra-op threads
     for the measurement (and the key); None keeps the current setting. ``packed_linears``
     measures the model with fast small-batch linears (:mod:`specframe.models.packed_linear`; True or
-    ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart.
+    ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart;
+    ``linears="bf16"`` measures the bf16 linears (cached apart too).
     """
-    target = load_profiled_target(name, dtype, device, threads, packed_linears)
-    curve = measure(target, sizes, cache_lens, reps)
+    target = load_profiled_target(name, dtype, device, threads, packed_linears, linears)
+    curve = measure_trusted(target, sizes, cache_lens, reps)
     path = save(curve)
     png = plot(curve, plot_path or path.with_suffix(".png"))
     return curve, path, png

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from specframe.models.linears import DEFAULT_LINEARS, LINEARS
 from specframe.options import OptionError, build_options
 from specframe.plugins import get_registry
 from specframe.experiments.runs.layout import slugify
@@ -48,6 +49,9 @@ class ModelSpec:
             ``true`` / ``"auto"`` (the fastest kernel on this CPU), ``"native"`` (specframe's
             own, compiled here at first use), ``"onednn"`` or ``"mkl"``
             (pre-packed MKL weights); faster tree forwards, last-bit different logits.
+        linears: ``"float32"`` (the default: as ``packed_linears`` says) or ``"bf16"``
+            (:mod:`specframe.models.linears`: row-invariant bf16 linears where the CPU has
+            ``amx_bf16`` or ``avx512_bf16``, else the float32 path with one warning line).
     """
 
     model: str = field(metadata={"help": "a path, hub id, shipped name or random:<arch>"})
@@ -57,9 +61,11 @@ class ModelSpec:
     tokenizer: str | None = None
     random: dict = field(default_factory=dict)
     packed_linears: bool | str = False
+    linears: str = DEFAULT_LINEARS
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
+        _one_of("linears", self.linears, LINEARS)
         if not isinstance(self.packed_linears, bool):
             _one_of("packed_linears", self.packed_linears, LINEAR_KERNELS)
         if self.attn_implementation not in ATTENTION:
@@ -238,8 +244,8 @@ class ExperimentConfig(RunSettings):
     def fingerprint(self) -> dict:
         """Settings shared by all arms that make old answers incomparable when they change."""
         return _plain({
-            "target": dataclasses.asdict(self.target),
-            "models": {k: dataclasses.asdict(v) for k, v in self.models.items()},
+            "target": _spec_print(self.target),
+            "models": {k: _spec_print(v) for k, v in self.models.items()},
             "max_new_tokens": self.max_new_tokens, "seed": self.seed, "stop_at_eos": self.stop_at_eos,
             "data": {"path": str(self.data.path), "category": self.data.category,
                      "chat_template": self.data.chat_template},
@@ -287,6 +293,15 @@ class _Arm:
 
 
 # ---------------------------------------------------------------------- helpers
+def _spec_print(spec: ModelSpec) -> dict:
+    """A model table as the fingerprint keeps it: default ``linears`` left out, so runs written
+    before the switch existed still match."""
+    data = dataclasses.asdict(spec)
+    if data.get("linears") == DEFAULT_LINEARS:
+        del data["linears"]
+    return data
+
+
 def _plain(value: Any) -> Any:
     """JSON-able copy (paths as strings, tuples as lists)."""
     if isinstance(value, Mapping):
