@@ -83,7 +83,7 @@ class ShardedExperiment(Experiment):
         actor_class = ray.remote(**needs)(ShardWorker)
         start = lambda number: actor_class.remote(self.config, arms, questions, sorted(self._explored), number)  # noqa: E731
         self._say(f"starting {count} Ray worker(s), each loading the target and {len(arms)} arm(s) ...")
-        pool = _Pool(ray, start, count)
+        self.pool = pool = _Pool(ray, start, count)
         try:
             info = pool.first_info()
             todo = self._after_loading(info, todo, questions)
@@ -123,8 +123,11 @@ class _Pool:
         return actor
 
     def first_info(self) -> Any:
-        """The first worker's :class:`WorkerInfo` (every worker loads the same config)."""
-        return self._get(self.actors[0].ready.remote(), "a worker, loading the target and the arms")
+        """The first worker's :class:`WorkerInfo` (every worker loads the same config), once
+        every worker has loaded (``pids``: each worker's process, by its number)."""
+        infos = [self._get(a.ready.remote(), "a worker, loading the target and the arms") for a in self.actors]
+        self.pids = {info.device["index"]: info.pid for info in infos}
+        return infos[0]
 
     def _get(self, ref: Any, what: str) -> Any:
         try:
