@@ -29,6 +29,9 @@ class TaskFailed(ExperimentError):
         super().__init__(f"{what}: {message}")
         self.what, self.message = what, message
 
+    def __reduce__(self) -> tuple:
+        return type(self), (self.what, self.message)  # picklable: it may cross processes too
+
 
 def ray_module() -> Any:
     """The ``ray`` module, or an ImportError saying how to install it."""
