@@ -122,18 +122,29 @@ DEMO_CONFIGS = {
               help="Replay the arms over this trace (`specframe record`) instead of running the target.")
 @click.option("--curve", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="With --replay: project times with this cost curve (JSON, e.g. another machine's).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Shard the questions over Ray workers (alone: a local Ray; else the cluster ADDRESS).")
+@click.option("--workers", type=int, default=None,
+              help="With --ray: workers, each holding one device (default: the cluster's GPUs, else CPUs / threads).")
+@click.option("--allow-mixed-devices", is_flag=True,
+              help="Report answers timed on devices of different kinds (the report says speedups pool them).")
 def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, trace_dir: Path | None,
-                curve: Path | None) -> None:
+                curve: Path | None, ray_address: str | None, workers: int | None, allow_mixed_devices: bool) -> None:
     """Run the experiment CONFIG (TOML): every arm on the same prompts, then report.
 
     Re-running the same command resumes: answers already on disk are not recomputed. With
     --replay the arms replay a recorded trace (docs/replay.md) and times are projected.
     """
+    if workers is not None and ray_address is None:
+        raise click.UsageError("--workers needs --ray (one process runs the questions in turn)")
     if trace_dir is None:
         if curve is not None:
             raise click.UsageError("--curve needs --replay")
-        _run_config(config, out, fresh, progress)
+        _run_config(config, out, fresh, progress, ray_address=ray_address, workers=workers,
+                    allow_mixed_devices=allow_mixed_devices)
         return
+    if ray_address is not None:
+        raise click.UsageError("--ray shards live runs; a replay runs in one process (sweep --ray shards replays)")
     from specframe.replay.cli import replay_config
 
     replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary)
@@ -284,11 +295,18 @@ def demo_command(pair: str, config_path: Path | None, out: Path | None, fresh: b
 @cli.command("report")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--plots/--no-plots", default=True, help="Redraw the figures.")
-def report_command(run_dir: Path, plots: bool) -> None:
+@click.option("--allow-mixed-devices", is_flag=True,
+              help="Report answers timed on devices of different kinds (the report says speedups pool them).")
+def report_command(run_dir: Path, plots: bool, allow_mixed_devices: bool) -> None:
     """Recompute summary.json, report.md and the plots of RUN_DIR from its answers."""
+    from specframe.errors import ExperimentError
     from specframe.experiments.report import write_report
 
-    _print_summary(_console(), write_report(run_dir, plots=plots), "", run_dir)
+    try:
+        summary = write_report(run_dir, plots=plots, allow_mixed_devices=allow_mixed_devices)
+    except ExperimentError as err:
+        raise click.ClickException(one_line(err)) from err
+    _print_summary(_console(), summary, "", run_dir)
 
 
 @cli.command("compare")

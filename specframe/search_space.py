@@ -21,6 +21,8 @@ passes Optuna's trial, the conformance suite Hypothesis). The core imports neith
 from __future__ import annotations
 
 import dataclasses
+import linecache
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -75,6 +77,10 @@ class Dimension:
         if self.kind == "int" and (self.low != int(self.low) or self.high != int(self.high) or self.step < 1):
             raise SearchSpaceError(f"{where}: an int range needs int ends and step >= 1, got "
                                    f"low={self.low!r}, high={self.high!r}, step={self.step!r}")
+        if self.kind == "int" and self.log and self.step != 1:
+            # Optuna (and any log-uniform draw) has no grid of equal steps on a log scale.
+            raise SearchSpaceError(f"{where}: an int range on a log scale takes step 1, got log=True and "
+                                   f"step={self.step!r}: drop one of them")
 
     def active(self, values: Mapping[str, Any]) -> bool:
         """Whether the option applies given the other options' ``values``."""
@@ -118,12 +124,23 @@ def tunable(default: Any = dataclasses.MISSING, *, low: float | None = None, hig
     else:
         kind = "float"
     conditions = {k: tuple(v) if isinstance(v, (tuple, list)) else (v,) for k, v in (when or {}).items()}
-    dim = Dimension("?", kind, None if low is None else low, None if high is None else high, log, step,
-                    tuple(choices or ()), conditions)
+    try:
+        dim = Dimension("?", kind, None if low is None else low, None if high is None else high, log, step,
+                        tuple(choices or ()), conditions)
+    except SearchSpaceError as err:  # refused at declaration: name the option by its line
+        raise SearchSpaceError(str(err).replace("option '?'", _declaring_line())) from None
     metadata: dict[str, Any] = {SEARCH_KEY: dim}
     if help is not None:
         metadata["help"] = help
     return field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def _declaring_line() -> str:
+    """``option declared at FILE:LINE (`x: int = tunable(...)`)``: the caller of :func:`tunable`,
+    the only place the option's name is known when the declaration is refused."""
+    frame = sys._getframe(2)
+    source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"option declared at {frame.f_code.co_filename}:{frame.f_lineno} (`{source}`)"
 
 
 def search_space(options_cls: type) -> dict[str, Dimension]:

@@ -88,6 +88,7 @@ def answer_in_batches(run: Any, todo: list, questions: list[Question], runners: 
                 record.extra["batch"] = {"size": min(len(qs), cfg.batch_size), **({"refill": True} if live else {}),
                                          "latency": round(latency[i] if latency else wall, 7),
                                          "wall": round(wall, 7)}
+                record.extra["device"] = run.device(target)
                 store.append(record)
                 computed += 1
                 advance(arm.name)

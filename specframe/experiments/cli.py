@@ -26,8 +26,10 @@ def make_console() -> Any:
     return Console(width=PIPE_WIDTH)
 
 
-def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None) -> None:
-    """Validate, run (resuming), write the report, print the summary table and where the files are."""
+def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None,
+               ray_address: str | None = None, workers: int | None = None, allow_mixed_devices: bool = False) -> None:
+    """Validate, run (resuming), write the report, print the summary table and where the files are.
+    With ``ray_address`` the answers are computed by ``workers`` Ray actors (docs/distributed.md)."""
     from specframe.experiments.config import ConfigError, load_config
     from specframe.experiments.experiment import ExperimentError, run_experiment
     from specframe.experiments.report import write_report
@@ -43,8 +45,13 @@ def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool,
             console.print(f"{arm.name}: imported from {arm.imported['engine']}; fidelity: {arm.imported['fidelity']}",
                           markup=False)
     try:
-        outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
-        summary = write_report(outcome.out_dir)
+        if ray_address is None:
+            outcome = run_experiment(config, out_dir=out_dir, fresh=fresh, progress=progress, console=console)
+        else:
+            from specframe.experiments.cluster.driver import run_sharded
+
+            outcome = run_sharded(config, out_dir, ray_address, workers, fresh=fresh, progress=progress, console=console)
+        summary = write_report(outcome.out_dir, allow_mixed_devices=allow_mixed_devices)
     except ExperimentError as err:
         raise click.ClickException(one_line(err)) from err
     except KeyboardInterrupt:

@@ -348,12 +348,22 @@ class Experiment:
         explore = repeat == 0 and json.dumps(q.question_id) in self._explored
         trees_k = self.config.output.trees_per_answer if repeat == 0 else 0
         model_id = f"{Path(self.config.target.model).name}-{arm.slug}"
-        return make_record(arm, q, repeat, model_id, runner.greedy, turns, trees_k, text=TokenText(encoder.tokenizer),
-                           max_budget=policy_budget(runner), explore=explore)
+        record = make_record(arm, q, repeat, model_id, runner.greedy, turns, trees_k, text=TokenText(encoder.tokenizer),
+                             max_budget=policy_budget(runner), explore=explore)
+        record.extra["device"] = self.device(target)
+        return record
+
+    def device(self, target: Any) -> dict:
+        """The device this process's answers run on (every record keeps it: the report pairs
+        speedups per device); ``device_index`` is set by a Ray worker (its GPU, or its number)."""
+        if getattr(self, "_device", None) is None:
+            from specframe.experiments.cluster.device import describe_device
+
+            self._device = describe_device(target.device, getattr(self, "device_index", None))
+        return self._device
 
     def _progress(self, total: int, completed: int):
         return ProgressBar(total, completed, enabled=self.progress, console=self.console)
-
 
 
 def run_experiment(config: ExperimentConfig | str | Path, out_dir: str | Path | None = None, fresh: bool = False,

@@ -27,6 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from specframe.experiments.accuracy import score
+from specframe.experiments.pairing import check_devices, pair_key, per_device
 from specframe.experiments.runs import RunDir, answer_key as _key, read_answers
 
 ALL = "all"
@@ -88,14 +89,15 @@ def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95, se
 
 
 def speedup(records: list[dict], base: list[dict]) -> dict:
-    """Paired speedup of ``records`` over ``base`` (autoregressive) on their common answers."""
-    mine = {answer_key(r): r for r in records}
-    ref = {answer_key(r): r for r in base}
+    """Paired speedup of ``records`` over ``base`` (autoregressive) on their common answers,
+    each pair on one device (:func:`~specframe.experiments.pairing.pair_key`)."""
+    mine = {pair_key(r): r for r in records}
+    ref = {pair_key(r): r for r in base}
     common = sorted(set(mine) & set(ref))
     if not common:
         return {"speedup": None, "speedup_std": None, "speedup_repeats": [], "speedup_ci": None, "paired": 0}
     per_repeat: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    per_question: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    per_question: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for key in common:
         a, b = wall_of(ref[key]), wall_of(mine[key])
         for acc in (per_repeat[key[1]], per_question[key[0]]):
@@ -247,9 +249,11 @@ def arm_metrics(records: list[dict], base: list[dict] | None, greedy: bool,
     return out
 
 
-def summarize(run: dict) -> dict:
-    """The whole summary of a run: ``run`` from :func:`load_run`."""
+def summarize(run: dict, allow_mixed_devices: bool = False) -> dict:
+    """The whole summary of a run: ``run`` from :func:`load_run`. Devices of unlike kinds are
+    refused unless ``allow_mixed_devices`` (:func:`~specframe.experiments.pairing.check_devices`)."""
     arms = run["arms"]
+    on_devices = check_devices(run, allow_mixed_devices)
     base_name = run.get("baseline")
     base = arms.get(base_name) if base_name else None
     references = run.get("references") or {}
@@ -267,6 +271,8 @@ def summarize(run: dict) -> dict:
             "overall": cats[ALL], "categories": {k: v for k, v in cats.items() if k != ALL},
             "funnel": funnel(records), "shapes": tree_shapes(records),
             "budget_cuts": budget_cuts(records),
+            **({"devices": per_device(records, base, speedup)}
+               if base is not None and len(on_devices["devices"]) > 1 else {}),
         })
     reference = nll_reference(out_arms)
     if reference is not None:
@@ -277,7 +283,8 @@ def summarize(run: dict) -> dict:
     return {"name": run.get("name"), "target": run.get("target"), "max_new_tokens": run.get("max_new_tokens"),
             "repeats": run.get("repeats"), "baseline": base_name, "torch": run.get("torch"), "arms": out_arms,
             "overflow_skipped": run.get("overflow_skipped", []),
-            **({"nll_reference": reference} if reference else {})}
+            **({"nll_reference": reference} if reference else {}),
+            **{k: v for k, v in on_devices.items() if v}}  # a run without devices summarizes as before
 
 
 def add_nll_gaps(arms: list[dict], reference: dict) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from specframe.experiments.explorer import shape_extremes, write_explorer
 from specframe.experiments.metrics import load_run, summarize
+from specframe.experiments.pairing import device_lines
 from specframe.experiments.runs import RunDir, write_json
 
 COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
@@ -116,6 +117,7 @@ def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None
             lines += ["", f"### {cat}", ""]
             lines += _md_table([row(a, a["categories"][cat], base, acc, qual) for a in summary["arms"]
                                 if cat in a["categories"]], cols)
+    lines += device_lines(summary)
     lines += notices(summary)
     if explorer:
         lines += ["", "## Draft trees, step by step", "",
@@ -201,14 +203,15 @@ def notices(summary: dict) -> list[str]:
     return ["", "## Notices", "", *(f"- {line}" for line in found)] if found else []
 
 
-def write_report(out_dir: str | Path, plots: bool = True) -> dict:
+def write_report(out_dir: str | Path, plots: bool = True, allow_mixed_devices: bool = False) -> dict:
     """Recompute summary.json, the plots, trees.html and report.md from the answers in ``out_dir``.
 
-    What ``specframe run`` / ``demo`` / ``report`` do after a run; returns the summary.
+    What ``specframe run`` / ``demo`` / ``report`` do after a run; returns the summary. Answers
+    on devices of unlike kinds are refused unless ``allow_mixed_devices`` (docs/distributed.md).
     """
     run_dir = RunDir(out_dir)
     run = load_run(run_dir.path)
-    summary = summarize(run)
+    summary = summarize(run, allow_mixed_devices)
     if run.get("replay"):  # specframe.replay marks its runs: every table says so
         summary["replay"] = run["replay"]
         for arm in summary["arms"]:

@@ -70,7 +70,9 @@ def sweep_config(sweep_path: Path, trace_dir: Path, out: Path | None, ray_addres
     except ConfigError as err:
         raise click.ClickException(one_line(err)) from err
     out_dir = out or sweep.out_dir
-    workers = workers or min(os.cpu_count() or 1, 4)
+    # The Ray layer's rule: --workers N is N tasks; without it, local processes default to the
+    # CPUs (at most 4) and Ray to the cluster's CPUs.
+    workers = workers if ray_address is not None else workers or min(os.cpu_count() or 1, 4)
     names = {c.name for c in sweep.configs}
     done = 0 if fresh else len(done_names(out_dir, sweep.configs))
     try:

@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from specframe.experiments.config import ArmConfig, ConfigError, ExperimentConfig, _expand_sweep, load_config, tomllib
 from specframe.errors import ExperimentError, one_line, warn
+from specframe.experiments.cluster import rayrun
+from specframe.experiments.cluster.rayrun import RAY_MISSING  # noqa: F401 - the sweep command's message
 from specframe.experiments.runlock import RunLock
 from specframe.experiments.runs.jsonl import append_line, open_for_append, read_lines
 
@@ -278,7 +280,7 @@ def sweep_jobs(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, done: set
 
 
 def run_sweep(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, ray_address: str | None = None,
-              workers: int = 2, curve: str | Path | None = None,
+              workers: int | None = 2, curve: str | Path | None = None,
               on_done: Callable[[list[dict]], None] | None = None, fail_fast: bool = False,
               fresh: bool = False) -> list[dict]:
     """Replay every configuration without a success row in ``results.jsonl``; returns
@@ -294,9 +296,10 @@ def run_sweep(sweep: SweepFile, trace_dir: str | Path, out_dir: Path, ray_addres
         check_sweep_dir(out_dir, sweep, fingerprint, fresh)
         done = done_names(out_dir, sweep.configs)
         # One process alone keeps the experiment's threads; several share the cores one thread each.
-        threads = sweep.base.threads if not ray_address and int(workers) == 1 else 1
+        threads = sweep.base.threads if not ray_address and int(workers or 1) == 1 else 1
         jobs = sweep_jobs(sweep, trace_dir, out_dir, done, curve, threads)
-        runner = _ray_results(jobs, ray_address, fail_fast) if ray_address else _local_results(jobs, workers, fail_fast)
+        runner = (_ray_results(jobs, ray_address, fail_fast, workers=workers) if ray_address
+                  else _local_results(jobs, workers or 1, fail_fast))
         # closing(): an exception here (on_done, KeyboardInterrupt) cancels the pending chunks now.
         with contextlib.closing(runner) as results, open_for_append(out_dir / RESULTS) as file:
             for rows in results:
@@ -419,45 +422,20 @@ def _own_process_results(jobs: list[Job], workers: int, fail_fast: bool, work: W
         threads.shutdown(wait=True, cancel_futures=True)
 
 
-RAY_MISSING = "--ray needs Ray: pip install 'specframe[ray]'"
-
-
 def _ray_results(jobs: list[Job], address: str, fail_fast: bool = False,
-                 work: Work | None = None) -> Iterator[list[dict]]:
-    """Each job as a Ray task; a task that fails (its worker died, or it raised outside
-    run_chunk's isolation) gives failure rows for its configurations. ``work``: default run_chunk."""
-    try:
-        import ray
-    except ImportError as err:
-        raise ImportError(RAY_MISSING) from err
+                 work: Work | None = None, workers: int | None = None) -> Iterator[list[dict]]:
+    """Each job as a Ray task, at most ``workers`` at a time (the Ray layer's rule:
+    :mod:`specframe.experiments.cluster.rayrun`); a task that fails (its worker died, or it
+    raised outside run_chunk's isolation) gives failure rows for its configurations, each with
+    the task's one-line error. ``work``: default run_chunk."""
     if not jobs:
         return
-    if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
+    ray = rayrun.connect(address)
     task = ray.remote(num_cpus=1)(work or run_chunk)
-    refs = {task.remote(*job): job for job in jobs}
-    pending = list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            try:
-                rows = ray.get(ready[0])
-            except Exception as err:
-                rows = _chunk_failed(refs[ready[0]], _ray_message(err))
-            yield rows
-            if _stops(rows, fail_fast):
-                return
-    finally:
-        # Early exit (fail-fast, KeyboardInterrupt, generator closed): drop what has not finished.
-        for ref in pending:
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
-
-
-def _ray_message(err: BaseException) -> str:
-    """One line for a Ray error: the task's own exception when Ray kept it (a RayTaskError's
-    text is a whole traceback)."""
-    cause = getattr(err, "cause", None)
-    if type(err).__module__.startswith("ray") and isinstance(cause, BaseException):
-        return one_line(cause)
-    return one_line(err)
+    count = rayrun.worker_count(workers)
+    for job, rows, error in rayrun.bounded(lambda job: task.remote(*job), jobs, count):
+        if error is not None:
+            rows = _chunk_failed(job, error)
+        yield rows
+        if _stops(rows, fail_fast):
+            return

@@ -26,12 +26,10 @@ def tune_command(config: Path, trace_dir: Path, out: Path, trials: int, arms: st
     from specframe.tuning.study import TuneSettings
     from specframe.tuning.tune import run_tune
 
-    if workers > 1 and ray_address is not None:
-        raise click.UsageError("--workers and --ray exclude each other (Ray runs its own workers)")
     wanted = [a.strip() for a in arms.split(",") if a.strip()] if arms else None
     try:
-        settings = TuneSettings(trials, objective, split, space, seed, workers if ray_address is None else max(workers, 2),
-                                ray_address)
+        # The Ray layer's rule: --workers N is N tasks, locally or on Ray.
+        settings = TuneSettings(trials, objective, split, space, seed, workers, ray_address)
         with _Bars(progress, console) as on_event:
             results = run_tune(config, trace_dir, out, settings, wanted, curve, fresh, on_event)
     except (ConfigError, ExperimentError, TraceError, ReplayError, DirectoryInUseError, ImportError) as err:

@@ -70,15 +70,32 @@ class Score:
 
 
 def split_questions(questions: list[Question], split: float) -> tuple[list[Question], list[Question]]:
-    """``(searched, confirmation)``: the first ``split`` of the questions and the rest, each
-    holding at least one (a tuned arm is never scored on the questions it was tuned on)."""
+    """``(searched, confirmation)``, stratified by category: each category gives the searched
+    side its ``split`` share (its first questions in file order) and the confirmation side the
+    rest, so a file sorted by category searches and confirms on the same categories. Each side
+    holds at least one question (a tuned arm is never scored on the questions it was tuned on);
+    both keep file order."""
     if not 0.0 < split < 1.0:
         raise ExperimentError(f"--split must lie strictly between 0 and 1 (the searched share), got {split}")
     if len(questions) < 2:
         raise ExperimentError(f"tune needs at least 2 questions (some searched, some kept for confirmation); "
                               f"the experiment has {len(questions)}")
-    k = min(len(questions) - 1, max(1, round(split * len(questions))))
-    return questions[:k], questions[k:]
+    groups: dict[str, list[int]] = {}
+    for i, q in enumerate(questions):
+        groups.setdefault(str(q.category), []).append(i)
+    searched: set[int] = set()
+    carry = 0.0  # rounding carried across categories, so the total share stays ``split``
+    for members in groups.values():
+        want = split * len(members) + carry
+        k = min(len(members), int(round(want)))
+        carry = want - k
+        searched.update(members[:k])
+    if not searched:
+        searched.add(0)
+    if len(searched) == len(questions):
+        searched.discard(max(searched))
+    return ([q for i, q in enumerate(questions) if i in searched],
+            [q for i, q in enumerate(questions) if i not in searched])
 
 
 class Evaluator:

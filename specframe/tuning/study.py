@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specframe.errors import ExperimentError
+from specframe.errors import ExperimentError, one_line
 from specframe.experiments.config import ArmConfig, ExperimentConfig
 from specframe.replay.record import experiment_settings
-from specframe.replay.sweep import RAY_MISSING, SweepFile, refuse_other_inputs, sweep_fingerprint
+from specframe.experiments.cluster import rayrun
+from specframe.replay.sweep import SweepFile, refuse_other_inputs, sweep_fingerprint
 from specframe.search_space import Dimension, drawing_order
 from specframe.tuning.evaluate import OBJECTIVES, Evaluator, Score
 from specframe.tuning.space import arm_space, arm_values, default_point, tuned_arm
@@ -154,15 +155,15 @@ def finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def recover(study: Any, storage: Any) -> int:
-    """Mark the trials a killed tune left running as failed (in ``storage``, the study's) and
-    enqueue their parameters again (the caller holds the directory's lock, so none of them is
-    alive); returns how many."""
+def recover(study: Any) -> int:
+    """Mark the trials a killed tune left running as failed (Optuna's public
+    ``study.tell(number, state=FAIL)``) and enqueue their parameters again (the caller holds the
+    directory's lock, so none of them is alive); returns how many."""
     from optuna.trial import TrialState
 
     dead = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in dead:
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        study.tell(trial.number, state=TrialState.FAIL)
         # Every parameter is suggested before the replay starts, so a dead trial's are complete.
         study.enqueue_trial(dict(trial.params), user_attrs={**trial.user_attrs, "retry_of": trial.number})
     return len(dead)
@@ -198,7 +199,13 @@ def objective(evaluator: Evaluator, arm: ArmConfig, space: dict[str, Dimension],
             if not default and trial.should_prune():
                 raise optuna.TrialPruned()
 
-        score = evaluator.evaluate(candidate, evaluator.searched, report)
+        try:
+            score = evaluator.evaluate(candidate, evaluator.searched, report)
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:  # kept with the failed trial: the tune's error names it
+            trial.set_user_attr("error", one_line(err))
+            raise
         trial.set_user_attr("tau", score.tau)
         trial.set_user_attr("speedup", score.speedup)
         return score.value(settings.objective)
@@ -236,23 +243,19 @@ def work(config: ExperimentConfig, arm: ArmConfig, trace_dir: str, curve: str | 
 
 def parallel(config: ExperimentConfig, arm: ArmConfig, trace_dir: str | Path, curve: str | Path | None,
              settings: TuneSettings, out_dir: Path, study: Any, on_progress: Callable[[int], None]) -> None:
-    """``settings.workers`` spawned processes (or Ray tasks, ``settings.ray``) on one study;
-    ``on_progress(finished)`` while they run."""
+    """``settings.workers`` spawned processes (or as many Ray tasks, ``settings.ray``: the Ray
+    layer's rule) on one study; ``on_progress(finished)`` while they run. A worker's error
+    stops the tune, in one line naming the arm."""
     args = (config, arm, str(trace_dir), None if curve is None else str(curve), settings, str(out_dir))
     count = settings.workers
     if settings.ray is not None:
-        try:
-            import ray
-        except ImportError as err:
-            raise ImportError(RAY_MISSING) from err
-        if not ray.is_initialized():
-            ray.init(address=None if settings.ray == "local" else settings.ray, ignore_reinit_error=True,
-                     log_to_driver=False)
+        ray = rayrun.connect(settings.ray)
         task = ray.remote(num_cpus=1)(work)
-        pending = [task.remote(*args, i) for i in range(count)]
-        while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        refs = {task.remote(*args, i): i for i in range(count)}
+        for _, _, error in rayrun.as_completed(refs, timeout=1.0, on_wait=lambda: on_progress(finished(study))):
             on_progress(finished(study))
+            if error is not None:  # every result is fetched: a task's error is the tune's, naming the arm
+                raise rayrun.TaskFailed(f"arm {arm.name!r}, tune worker", error)
         return
     with ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(work, *args, i) for i in range(count)]
@@ -266,6 +269,15 @@ def parallel(config: ExperimentConfig, arm: ArmConfig, trace_dir: str | Path, cu
 
 
 # ---------------------------------------------------------------------- results
+def last_failure(trials: list) -> str:
+    """``"; the last failed with: <one line>"`` (the error a failed trial kept), or ""."""
+    from optuna.trial import TrialState
+
+    reasons = [t.user_attrs.get("error") for t in trials if t.state == TrialState.FAIL]
+    reasons = [r for r in reasons if r]
+    return f"; the last failed with: {reasons[-1]}" if reasons else ""
+
+
 def arm_result(study: Any, evaluator: Evaluator, arm: ArmConfig, settings: TuneSettings) -> ArmResult:
     """The arm's default and best, each scored on the searched questions (their trials) and
     replayed on the confirmation questions."""
@@ -274,7 +286,8 @@ def arm_result(study: Any, evaluator: Evaluator, arm: ArmConfig, settings: TuneS
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
-        raise ExperimentError(f"arm {arm.name!r}: no trial completed (see the failed trials' errors in {JOURNAL})")
+        raise ExperimentError(f"arm {arm.name!r}: no trial completed{last_failure(trials)} "
+                              f"(every failed trial's error is in {JOURNAL})")
     default = next((t for t in complete if t.user_attrs.get("default")), None)
     best = study.best_trial
     tuned = tuned_arm(arm, dict(best.params), name=f"{arm.name}-tuned") if not best.user_attrs.get("default") \

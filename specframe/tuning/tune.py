@@ -91,7 +91,7 @@ def run_tune(config_path: Path, trace_dir: Path, out_dir: Path, settings: TuneSe
                 event("note", arm.name, f"replays {evaluator.exactness.get(arm.name)}ly (drafter {arm.drafter.name!r}): "
                                         "its projected figures are approximate; --confirm measures it live")
             study = open_study(storage, arm, settings)
-            dead = recover(study, storage)
+            dead = recover(study)
             if dead:
                 event("note", arm.name, f"{dead} trial(s) killed mid-run are run again")
             if not has_default(study):

@@ -1,0 +1,3 @@
+"""Running past one process: the one Ray layer (:mod:`.rayrun`) that ``run``, ``record``,
+``sweep`` and ``tune`` share, the device an answer ran on (:mod:`.device`), and the sharded
+run of an experiment (:mod:`.driver` on the driver, :mod:`.worker` in each Ray actor)."""

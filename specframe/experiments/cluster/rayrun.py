@@ -1,0 +1,140 @@
+"""The one way specframe runs on Ray: addresses, workers and errors, for run, record, sweep and tune.
+
+- **Addresses.** ``--ray`` alone starts a local Ray (``ray.init()`` on this machine);
+  ``--ray ADDRESS`` attaches to a running cluster (``ray start --head`` on its first machine).
+  A Ray already initialised in this process (a test's, a notebook's) is used as it is.
+- **Workers.** ``--workers N`` means N tasks or actors at a time, whatever the command; without
+  it, as many as the cluster has CPUs for (one CPU each) or, for actors holding a device, GPUs.
+- **Errors.** Every result is fetched with ``ray.get``; a task's own exception reaches the user
+  as one line naming what the task ran (an arm, a configuration), never a Ray traceback, and
+  never silently lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator
+
+from specframe.errors import ExperimentError, one_line
+
+#: What ``--ray`` with no address means (click's ``flag_value``).
+LOCAL = "local"
+RAY_MISSING = "--ray needs Ray: pip install 'specframe[ray]'"
+
+
+class TaskFailed(ExperimentError):
+    """A Ray task or actor call failed: ``what`` it ran, and its one-line error."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(f"{what}: {message}")
+        self.what, self.message = what, message
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.what, self.message)  # picklable: it may cross processes too
+
+
+def ray_module() -> Any:
+    """The ``ray`` module, or an ImportError saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(RAY_MISSING) from err
+    return ray
+
+
+def connect(address: str | None) -> Any:
+    """Ray, initialised for ``address`` (:data:`LOCAL` or None: a local Ray; else the cluster's
+    address); a Ray this process already initialised is kept. Returns the ``ray`` module."""
+    ray = ray_module()
+    if not ray.is_initialized():
+        ray.init(address=None if address in (None, LOCAL) else address, ignore_reinit_error=True,
+                 log_to_driver=False, include_dashboard=False)
+    return ray
+
+
+def worker_count(workers: int | None, per_worker: dict[str, float] | None = None) -> int:
+    """The rule for ``--workers``: N when given (>= 1), else as many as the cluster's resources
+    hold of ``per_worker`` (default one CPU each), at least 1. Call after :func:`connect`."""
+    if workers is not None:
+        if int(workers) < 1:
+            raise ExperimentError(f"--workers must be >= 1, got {workers}")
+        return int(workers)
+    ray = ray_module()
+    total = ray.cluster_resources()
+    need = per_worker or {"CPU": 1.0}
+    fits = [int(total.get(k, 0.0) // v) for k, v in need.items() if v > 0]
+    return max(1, min(fits) if fits else 1)
+
+
+def task_message(err: BaseException) -> str:
+    """One line for a failed task: its own exception when Ray kept it (a RayTaskError's text
+    is a whole traceback), else Ray's own error (a worker that died, an actor lost)."""
+    cause = getattr(err, "cause", None)
+    if type(err).__module__.startswith("ray") and isinstance(cause, BaseException):
+        return one_line(cause)
+    return one_line(err)
+
+
+def fetch(ref: Any, what: str) -> Any:
+    """``ray.get(ref)``; a failure raises :class:`TaskFailed` naming ``what``."""
+    ray = ray_module()
+    try:
+        return ray.get(ref)
+    except Exception as err:
+        raise TaskFailed(what, task_message(err)) from err
+
+
+def as_completed(refs: dict[Any, Any], timeout: float | None = None,
+                 on_wait: Callable[[], None] | None = None) -> Iterator[tuple[Any, Any, str | None]]:
+    """``(ref, value, None)`` or ``(ref, None, one-line error)`` for each of ``refs`` as it
+    finishes (every value fetched with ``ray.get``); ``on_wait`` runs every ``timeout`` seconds
+    while none has. Unfinished refs are cancelled when the caller stops early."""
+    ray = ray_module()
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not ready:
+                if on_wait is not None:
+                    on_wait()
+                continue
+            try:
+                yield ready[0], ray.get(ready[0]), None
+            except Exception as err:
+                yield ready[0], None, task_message(err)
+    finally:
+        cancel(pending)
+
+
+def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
+            timeout: float | None = None, on_wait: Callable[[], None] | None = None) -> Iterator[tuple[Any, Any, str | None]]:
+    """Each job's ``(job, value, error)`` as it finishes, with at most ``workers`` submitted
+    (``submit(job)`` returns an object ref) at a time: the ``--workers`` rule for tasks."""
+    queue = list(jobs)
+    running: dict[Any, Any] = {}
+    ray = ray_module()
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                job = queue.pop(0)
+                running[submit(job)] = job
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=timeout)
+            if not ready:
+                if on_wait is not None:
+                    on_wait()
+                continue
+            job = running.pop(ready[0])
+            try:
+                yield job, ray.get(ready[0]), None
+            except Exception as err:
+                yield job, None, task_message(err)
+    finally:
+        cancel(list(running))
+
+
+def cancel(refs: Iterable[Any]) -> None:
+    """Cancel what has not finished (early exit, KeyboardInterrupt); errors are ignored."""
+    ray = ray_module()
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref)

@@ -1,0 +1,31 @@
+"""One local Ray for every Ray test of a pytest session: 2 CPUs, no dashboard, workers that
+carry the test fault (:mod:`ray_faults`). Import :func:`local_ray` into a test module; the
+first use starts Ray, later ones (any module) reuse it, and it stops when pytest exits."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def start() -> object:
+    """Ray, started once per process (or the Ray a test already initialised)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH", "")) if p)
+        env = {"PYTHONPATH": path, **{k: os.environ[k] for k in ("SPECFRAME_CACHE", "HF_HUB_OFFLINE") if k in os.environ}}
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": env, "worker_process_setup_hook": "ray_faults.install"})
+        atexit.register(ray.shutdown)
+    return ray
+
+
+@pytest.fixture
+def local_ray():
+    """The session's local Ray (restarted if another test shut it down)."""
+    return start()
