@@ -352,25 +352,25 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
     With --batch, also the curve at each batch size (docs/batching.md)."""
-    from specframe.sizing import profile
+    from specframe.sizing import profile, profile_command
 
-    sizes_t = profile.parse_ints(sizes, profile.FULL_SIZES)
-    lens_t = profile.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
-    batch_t = profile.parse_ints(batches, (1,))
+    sizes_t = profile_command.parse_ints(sizes, profile.FULL_SIZES)
+    lens_t = profile_command.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
+    batch_t = profile_command.parse_ints(batches, (1,))
     if batch_t == (1,):
-        curve, path, png = profile.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
+        curve, path, png = profile_command.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
                                                  packed_linears or False, linears)
-        click.echo(profile.format_table(curve))
+        click.echo(profile_command.format_table(curve))
         click.echo(f"cached: {path}")
         click.echo(f"plot: {png}")
         return
     from specframe.decode import batch_curves
 
-    target = profile.load_profiled_target(model, dtype, device, threads, packed_linears or False, linears)
+    target = profile_command.load_profiled_target(model, dtype, device, threads, packed_linears or False, linears)
     curves, paths, png = batch_curves.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
                                                        layout)
     for b, curve in curves.items():
-        click.echo(f"batch {b}: " + profile.format_table(curve))
+        click.echo(f"batch {b}: " + profile_command.format_table(curve))
         click.echo(f"cached: {paths[b]}")
     click.echo(batch_curves.format_row_shares(curves))
     click.echo(f"plot: {png}")

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from specframe.sizing.profile import QUICK_CACHE_LENS, QUICK_REPS, QUICK_SIZES, CostCurve, _interp, _sync, balanced_tree, \
-    curve_for, curve_key, keep_measured, load_cached, measure, save, save_plot
+    curve_for, curve_key, keep_measured, load_cached, measure, save
+from specframe.sizing.profile_command import save_plot
 
 
 def measured_batches(rows: int) -> list[int]:
