@@ -128,6 +128,9 @@ class ArmConfig:
     #: For an arm written in an engine's vocabulary (``engine = "vllm"``): the engine, its
     #: configuration as written and the fidelity statement (docs/serving.md); empty otherwise.
     imported: dict = field(default_factory=dict)
+    #: The arm's own batch allocator (``batch_allocator`` in its [[arm]] table; a load-aware one
+    #: such as ``goodput``, docs/load.md); None: the experiment's ``batch_allocator``.
+    batch_allocator: PluginRef | None = None
 
     @property
     def slug(self) -> str:
@@ -139,6 +142,8 @@ class ArmConfig:
         data = _plain(dataclasses.asdict(self))
         if not data["imported"]:
             del data["imported"]  # arms written in specframe's own keys describe as before
+        if data["batch_allocator"] is None:
+            del data["batch_allocator"]  # likewise arms without their own allocator
         return data
 
 
@@ -232,6 +237,8 @@ class ExperimentConfig(RunSettings):
     models: dict[str, ModelSpec] = field(default_factory=dict)
     drafter: PluginRef | None = None
     source: Path | None = None
+    #: The [load] table as written (checked by ``specframe load``: docs/load.md).
+    load: dict = field(default_factory=dict)
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called ``name``; the error lists the arms."""
@@ -273,6 +280,7 @@ class _File(RunSettings):
     models: dict = field(default_factory=dict)
     drafter: dict | None = None
     output: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict, metadata={"help": "the [load] table (specframe load, docs/load.md)"})
 
 
 @dataclass
@@ -294,6 +302,8 @@ class _Arm:
     server_args: dict | None = None
     generate_kwargs: dict | None = None
     args: dict | None = None
+    batch_allocator: str | None = None
+    batch_allocator_options: dict | None = None
 
 
 # ---------------------------------------------------------------------- helpers
@@ -417,11 +427,35 @@ def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[
         raise ConfigError(f"{where}: set 'policy' (a specframe arm) or 'baseline' (autoregressive, hf-assisted, hf-prompt-lookup)")
     if t.baseline is None and t.baseline_options is not None:
         raise ConfigError(f"{where}: 'baseline_options' needs 'baseline'")
-    return _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+    arms = _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+    return _arm_allocator(arms, t, where)
 
 
 #: The [[arm]] keys holding an engine's configuration, one per engine (docs/serving.md).
 _ENGINE_KEYS = ("speculative_config", "server_args", "generate_kwargs", "args")
+
+
+def _arm_allocator(arms: list[ArmConfig], t: _Arm, where: str) -> list[ArmConfig]:
+    """The arms with the [[arm]]'s own ``batch_allocator`` (a specframe arm only), checked."""
+    if t.batch_allocator is None:
+        if t.batch_allocator_options is not None:
+            raise ConfigError(f"{where}: 'batch_allocator_options' needs 'batch_allocator'")
+        return arms
+    if t.baseline is not None:
+        raise ConfigError(f"{where}: a baseline arm takes no 'batch_allocator' (it does not speculate)")
+    from specframe.decode.allocate import allocator_classes
+
+    classes = allocator_classes()
+    if t.batch_allocator not in classes:
+        raise ConfigError(f"{where}: batch_allocator {t.batch_allocator!r} is not one of {', '.join(sorted(classes))}")
+    cls = classes[t.batch_allocator]
+    try:
+        build_options(cls.Options, dict(t.batch_allocator_options or {}), f"allocator {t.batch_allocator!r}")
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+    for arm in arms:
+        arm.batch_allocator = PluginRef(t.batch_allocator, dict(t.batch_allocator_options or {}))
+    return arms
 
 
 def _engine_arm(t: _Arm, where: str) -> ArmConfig:
@@ -594,7 +628,7 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
         drafter=drafter, max_new_tokens=t.max_new_tokens, warmup=t.warmup, repeats=t.repeats, seed=t.seed,
         stop_at_eos=t.stop_at_eos, threads=t.threads, source=source, batch_size=t.batch_size,
         batch_allocator=_batch_allocator(t.batch_allocator, t.batch_size, arms), batch_budget=t.batch_budget,
-        batch_refill=t.batch_refill,
+        batch_refill=t.batch_refill, load=dict(t.load),
     )
 
 
