@@ -189,3 +189,16 @@ def test_load_run_writes_cells_summary_and_plots_and_resumes(tmp_path, monkeypat
     monkeypatch.setattr(LoadRun, "_compute", lambda *a: pytest.fail("a stored cell was recomputed"))
     again = LoadRun(config, settings, tmp_path).run()
     assert again["cells"] == summary["cells"]
+
+
+def test_load_aware_arms_export_to_vllm_and_sglang_with_fidelity():
+    from specframe.experiments.config import load_config
+    from specframe.experiments.engines import export_arm
+
+    arms = {a.name: a for a in load_config(Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml").arms}
+    vllm = export_arm(arms["threshold"], "vllm")
+    assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 3, 0]]
+    assert any("disable_by_batch_size = 3" in need for need in vllm.needs)
+    assert export_arm(arms["threshold"], "sglang").settings["speculative_batch_size_threshold"] == 3
+    assert export_arm(arms["goodput"], "vllm").fidelity.level == "not expressible"
+    assert "num_speculative_tokens_per_batch_size" not in export_arm(arms["fixed"], "vllm").settings
