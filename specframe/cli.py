@@ -150,6 +150,27 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, tra
     replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary)
 
 
+@cli.command("load")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--rates", default=None, help="Comma-separated request rates (requests/s), e.g. 0.5,1,2,4 (default: [load] rates).")
+@click.option("--requests", type=int, default=None, help="Requests per cell (default: [load] requests, else 28).")
+@click.option("--max-live", type=int, default=None, help="Most sequences decoding at once (default: [load] max_live, else 8).")
+@click.option("--arrivals", default=None, help="'poisson' (default) or a file of arrival times, one per line.")
+@click.option("--seed", type=int, default=None, help="Seed of the Poisson arrivals (default: [load] seed, else 0).")
+@click.option("--slo-tpot-ms", type=float, default=None, help="TPOT objective of goodput, ms per token.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default: the [output] dir of the config + '-load').")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+def load_cli(config: Path, rates: str | None, requests: int | None, max_live: int | None, arrivals: str | None,
+             seed: int | None, slo_tpot_ms: float | None, out: Path | None, progress: bool) -> None:
+    """Serve CONFIG's arms open-loop: requests arrive at each rate and join a continuously
+    batched decoder (docs/load.md). Writes summary.json, table.md and plots; a rerun computes
+    only the (rate, arm) cells not on disk."""
+    from specframe.experiments.load.command import load_command
+
+    load_command(config, rates, requests, max_live, arrivals, seed, slo_tpot_ms, out, progress, _console())
+
+
 @cli.command("record")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Trace directory to write.")

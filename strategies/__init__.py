@@ -24,6 +24,7 @@ def register_tree_policies(register):
 def register_batch_allocators(register):
     """Register the built-in batch allocators (see specframe.decode.allocate)."""
     from .allocators import AcceptanceShare, EqualSplit, SharedBudget
+    from .load_allocators import Goodput, Schedule, Threshold
 
-    for allocator in (EqualSplit, SharedBudget, AcceptanceShare):
+    for allocator in (EqualSplit, SharedBudget, AcceptanceShare, Threshold, Schedule, Goodput):
         register(allocator)

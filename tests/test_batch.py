@@ -201,7 +201,7 @@ def test_water_fill_splits_evenly_under_caps():
 
 
 def test_unknown_allocator_lists_the_registered_ones():
-    with pytest.raises(ValueError, match="available allocators: acceptance, equal, shared"):
+    with pytest.raises(ValueError, match="available allocators: acceptance, equal, goodput, schedule, shared, threshold"):
         make_allocator("nope")
 
 

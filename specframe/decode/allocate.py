@@ -36,9 +36,17 @@ class BatchAllocator(ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = AllocatorOptions
+    #: Whether the allocator prices the batch: the batch decoder then hands it the target's cost
+    #: curves at the batch shape (:meth:`price_batch`) before the first step of a generation.
+    wants_batch_curve: ClassVar[bool] = False
 
     def __init__(self, options: Any) -> None:
         self.options = options
+
+    def price_batch(self, curves: Any, layout: str) -> None:
+        """Take the target's :class:`~specframe.decode.batch_curves.BatchCurves` (every live
+        batch size up to the generation's width) and the batch cache ``layout`` (``"padded"``
+        or ``"flat"``); called only when :attr:`wants_batch_curve` is set. Default: ignore."""
 
     def total(self, caps: Sequence[int]) -> int:
         """This step's batch budget: the ``budget`` option, or the sum of the sequences' caps."""
@@ -50,7 +58,10 @@ class BatchAllocator(ABC):
         """The build budget of each live sequence, each in ``[1, caps[b]]``.
 
         ``caps[b]``: the most nodes sequence b's tree may have (its policy's budget, or the room
-        left in its context); ``history[b]``: its steps so far; ``total`` >= ``len(caps)``.
+        left in its context); ``history[b]``: its steps so far; ``total`` >= ``len(caps)``;
+        ``len(caps)``: the live batch size. A budget of 1 switches the sequence's speculation
+        off for the step: it is not built (no policy call, no draft forward) and verifies its
+        root alone, as a plain decoding step.
         """
 
     def trim(self, trees: Sequence[DraftTree], total: int) -> list[DraftTree]:

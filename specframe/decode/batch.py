@@ -39,6 +39,9 @@ class BatchOutput:
             the first rows; later for a prompt that waited for a free row under ``max_live``).
         step_rows: per step, the rows (tokens) its forward computed: the trees' nodes in the
             flat layout, live rows x the longest tree in the padded one.
+
+    With ``generate(arrivals=...)`` every time is on the open-loop clock: wall time, less the
+    idle gaps skipped while no sequence was live and the next had not arrived.
     """
 
     outputs: list[GenerationOutput]
@@ -46,6 +49,11 @@ class BatchOutput:
     wall_time: float = 0.0
     joined: list[float] = field(default_factory=list)
     step_rows: list[int] = field(default_factory=list)
+    #: Per prompt: seconds from the start to the end of the step that emitted its first token.
+    first_token: list[float] = field(default_factory=list)
+    #: Per step: seconds from the start to its end, and the live sequences it decoded.
+    step_at: list[float] = field(default_factory=list)
+    step_live: list[int] = field(default_factory=list)
 
     @property
     def latencies(self) -> list[float]:
@@ -139,7 +147,8 @@ class BatchDecoder:
     def generate(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                  eos_token_id: int | Sequence[int] | None = -1,
                  generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
-                 max_live: int | None = None, score: bool = False) -> BatchOutput:
+                 max_live: int | None = None, score: bool = False,
+                 arrivals: Sequence[float] | None = None) -> BatchOutput:
         """Decode every prompt (token ids, lengths may differ) up to ``max_new_tokens`` tokens.
 
         ``eos_token_id``: as in :meth:`SpecDecoder.generate`. ``seeds``: one per prompt (an int
@@ -150,6 +159,10 @@ class BatchDecoder:
         prompt in order is prefilled and joins the batch (continuous batching), so the batch
         stays full instead of waiting for its slowest sequence. None: all prompts at once.
         ``score``: each output's ``nll`` as :meth:`SpecDecoder.generate` gives it.
+        ``arrivals``: open-loop serving (docs/load.md): prompt b may join only once ``arrivals[b]``
+        seconds (non-decreasing) have passed since the start; while no sequence is live the clock
+        skips to the next arrival instead of sleeping, so every reported time is wall time less
+        the idle gaps. None: every prompt is there at the start.
         """
         dec = self.decoder
         if not prompts:
@@ -166,43 +179,91 @@ class BatchDecoder:
                                  f"= {need} exceeds the {dec.max_positions} positions of the target and draft model")
         eos = _eos_set(dec.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         generators = self._generators(len(ids), generator, seeds)
+        due = self._arrivals(arrivals, len(ids))
         width = len(ids) if max_live is None else min(max_live, len(ids))
         curves = self._batch_curves(width)
         start = time.perf_counter()
-        kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
-        result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids))
+        result = BatchOutput(outputs=[GenerationOutput(tokens=[]) for _ in ids], joined=[0.0] * len(ids),
+                             first_token=[0.0] * len(ids))
         call = _Call(ids, generators, result, score)
-        rows = self._begin(kv, call, width)
-        waiting = list(range(width, len(ids)))
+        rows: list[Row] = []
+        waiting = list(range(len(ids)))
         priced = 0
+        kv: Any = None
         try:
-            while rows:
+            while rows or waiting:
+                if not rows:  # idle: skip the clock to the next arrival, start a fresh batch
+                    at = time.perf_counter() - start
+                    if not result.step_times or due[waiting[0]] > at:
+                        at = due[waiting[0]]
+                        start = time.perf_counter() - at
+                    kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
+                    joining, waiting = self._arrived(waiting, due, width, start)
+                    rows = self._begin(kv, call, joining, at)
+                    priced = 0
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
+                fresh = [row.index for row in rows if not row.out.tokens]
                 t0 = time.perf_counter()
+                live = len(rows)
                 rows = dec._step(kv, rows, dec.verifier, max_new_tokens, eos, start, self.allocator, self.batch_drafts)
-                result.step_times.append(time.perf_counter() - t0)
-                result.step_rows.append(kv.last_rows)
-                if waiting and len(rows) < width:
-                    joining, waiting = waiting[: width - len(rows)], waiting[width - len(rows) :]
-                    rows += self._join(kv, rows, joining, call, start)
-                    priced = 0  # the newcomers' policies (reset) are priced at the new shape
+                t1 = time.perf_counter()
+                self._record(result, t1 - t0, t1 - start, live, kv.last_rows, fresh)
+                if rows and waiting and len(rows) < width:
+                    joining, waiting = self._arrived(waiting, due, width - len(rows), start)
+                    if joining:
+                        rows += self._join(kv, rows, joining, call, start)
+                        priced = 0  # the newcomers' policies (reset) are priced at the new shape
         finally:
             if curves is not None:  # back to one-row prices, as generate() alone pays
                 self._price(self._policies[:width], curves.row_curve(1))
         result.wall_time = time.perf_counter() - start
         return result
 
+    @staticmethod
+    def _arrivals(arrivals: Sequence[float] | None, n: int) -> list[float]:
+        """Each prompt's arrival (seconds from the start), checked; all 0 without ``arrivals``."""
+        if arrivals is None:
+            return [0.0] * n
+        due = [float(a) for a in arrivals]
+        if len(due) != n:
+            raise ValueError(f"arrivals has {len(due)} entries for {n} prompts: pass one arrival time per prompt")
+        if any(a < 0 for a in due) or any(b < a for a, b in zip(due, due[1:])):
+            raise ValueError("arrivals must be non-negative seconds in non-decreasing order")
+        return due
+
+    @staticmethod
+    def _arrived(waiting: list[int], due: Sequence[float], room: int, start: float) -> tuple[list[int], list[int]]:
+        """The first ``room`` waiting prompts that have arrived by now, and those still waiting."""
+        now = time.perf_counter() - start
+        count = 0
+        while count < min(room, len(waiting)) and due[waiting[count]] <= now:
+            count += 1
+        return waiting[:count], waiting[count:]
+
+    @staticmethod
+    def _record(result: BatchOutput, spent: float, at: float, live: int, computed: int, fresh: list[int]) -> None:
+        """One step's records; ``fresh``: the prompts whose first tokens it emitted."""
+        result.step_times.append(spent)
+        result.step_at.append(at)
+        result.step_live.append(live)
+        result.step_rows.append(computed)
+        for i in fresh:
+            result.first_token[i] = at
+
     def _batch_curves(self, rows: int) -> Any:
         """The target's curves up to ``rows`` rows when some row's policy prices a batch
         (:attr:`TreePolicy.wants_batch_curve`; ``budget = "auto"``), else None. Measured (or
         read from the cache) before the clock starts, once per decoder and batch size."""
-        if rows == 1 or not any(self._slot(b)[1].wants_batch_curve for b in range(rows)):
+        wants = self.allocator.wants_batch_curve  # a load-aware allocator prices every batch size
+        if not wants and (rows == 1 or not any(self._slot(b)[1].wants_batch_curve for b in range(rows))):
             return None
         if rows not in self._curves:
             from specframe.decode.batch_curves import BatchCurves
 
             self._curves[rows] = BatchCurves.for_target(self.decoder.target, rows, self.layout)
+        if wants:
+            self.allocator.price_batch(self._curves[rows], self.layout)
         return self._curves[rows]
 
     @staticmethod
@@ -225,12 +286,15 @@ class BatchDecoder:
             raise ValueError(f"seeds has {len(seeds)} entries for {rows} prompts: pass one seed per prompt")
         return [s if isinstance(s, torch.Generator) else torch.Generator().manual_seed(int(s)) for s in seeds]
 
-    def _begin(self, kv: BatchKV, call: _Call, width: int) -> list[Row]:
-        """Prefill the first ``width`` prompts together and begin their rows' drafters and policies."""
-        ids = call.ids[:width]
-        rows = self._rows(call, range(width), range(width))  # prompt b in slot b
+    def _begin(self, kv: BatchKV, call: _Call, joining: list[int], at: float) -> list[Row]:
+        """Prefill the prompts ``joining`` together as a new batch (in slots 0, 1, ...), joined at
+        ``at`` seconds, and begin their rows' drafters and policies."""
+        ids = [call.ids[i] for i in joining]
+        rows = self._rows(call, joining, range(len(joining)))
         prefill = kv.prefill([p[:-1] for p in ids], hidden=self.decoder._needs_hidden,
                              logits=any(wants_prompt_logits(r.drafter) for r in rows))
+        for i in joining:
+            call.result.joined[i] = at
         return self.decoder.begin_rows(prefill, rows, ids)
 
     def _join(self, kv: BatchKV, rows: list[Row], joining: list[int], call: _Call, start: float) -> list[Row]:
@@ -266,7 +330,8 @@ class _Call:
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
                    generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
-                   max_live: int | None = None, score: bool = False) -> BatchOutput:
+                   max_live: int | None = None, score: bool = False,
+                 arrivals: Sequence[float] | None = None) -> BatchOutput:
     """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`;
     ``max_live``: continuous batching, at most that many sequences at once).
 

@@ -334,7 +334,8 @@ class SpecDecoder:
                 budget_cut=row.policy.max_budget - limit,
             )
             row.out.steps.append(stats)
-            row.policy.observe(_row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
+            if limit > 1:  # a row switched off was not built: its policy has nothing to learn
+                row.policy.observe(_row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
             if row.on_step is not None:
                 row.on_step(StepView(tree, read.path, stats))
             if path is None:

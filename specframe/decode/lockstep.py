@@ -284,7 +284,33 @@ def build_trees(policies: Sequence[TreePolicy], drafters: Sequence[Drafter],
     a lone sequence builds).
 
     ``new_session(b, cls)``: row ``b``'s session of class ``cls``.
+
+    A row whose limit is 1 (its speculation switched off, e.g. by a load-aware allocator) gets
+    its root alone without a build: its policy is not called and its drafter drafts nothing,
+    so it costs what a plain decoding step costs (docs/load.md, "A switch that stays cheap").
     """
+    off = [b for b, limit in enumerate(limits) if limit <= 1]
+    if not off:
+        return _build_all(policies, drafters, new_session, limits, lockstep)
+    on = [b for b in range(len(limits)) if limits[b] > 1]
+    trees: list[Any] = [None] * len(limits)
+    sessions: list[Any] = [None] * len(limits)
+    times = [0.0] * len(limits)
+    for b in off:
+        sessions[b] = new_session(b, DraftSession)
+        trees[b] = sessions[b].new_tree()
+    if on:
+        built = _build_all([policies[b] for b in on], [drafters[b] for b in on],
+                           lambda j, cls: new_session(on[j], cls), [limits[b] for b in on], lockstep)
+        for j, b in enumerate(on):
+            trees[b], sessions[b], times[b] = built[0][j], built[1][j], built[2][j]
+    return trees, sessions, times
+
+
+def _build_all(policies: Sequence[TreePolicy], drafters: Sequence[Drafter],
+               new_session: Callable[[int, type[DraftSession]], DraftSession],
+               limits: Sequence[int], lockstep: bool) -> tuple[list[DraftTree], list[DraftSession], list[float]]:
+    """:func:`build_trees` for rows that all build (every limit above 1)."""
     if not (lockstep and lockstep_wanted(drafters)):
         trees, sessions, times = [], [], []
         for b, (policy, limit) in enumerate(zip(policies, limits)):

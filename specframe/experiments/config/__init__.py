@@ -62,7 +62,7 @@ def parse_config(raw: Mapping[str, Any], base: Path | str = ".", source: Path | 
         drafter=drafter, max_new_tokens=t.max_new_tokens, warmup=t.warmup, repeats=t.repeats, seed=t.seed,
         stop_at_eos=t.stop_at_eos, threads=t.threads, source=source, batch_size=t.batch_size,
         batch_allocator=_batch_allocator(t.batch_allocator, t.batch_size, arms), batch_budget=t.batch_budget,
-        batch_refill=t.batch_refill,
+        batch_refill=t.batch_refill, load=dict(t.load),
     )
 
 

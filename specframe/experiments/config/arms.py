@@ -56,11 +56,35 @@ def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[
         raise ConfigError(f"{where}: set 'policy' (a specframe arm) or 'baseline' (autoregressive, hf-assisted, hf-prompt-lookup)")
     if t.baseline is None and t.baseline_options is not None:
         raise ConfigError(f"{where}: 'baseline_options' needs 'baseline'")
-    return _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+    arms = _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+    return _arm_allocator(arms, t, where)
 
 
 #: The [[arm]] keys holding an engine's configuration, one per engine (docs/serving.md).
 _ENGINE_KEYS = ("speculative_config", "server_args", "generate_kwargs", "args")
+
+
+def _arm_allocator(arms: list[ArmConfig], t: _Arm, where: str) -> list[ArmConfig]:
+    """The arms with the [[arm]]'s own ``batch_allocator`` (a specframe arm only), checked."""
+    if t.batch_allocator is None:
+        if t.batch_allocator_options is not None:
+            raise ConfigError(f"{where}: 'batch_allocator_options' needs 'batch_allocator'")
+        return arms
+    if t.baseline is not None:
+        raise ConfigError(f"{where}: a baseline arm takes no 'batch_allocator' (it does not speculate)")
+    from specframe.decode.allocate import allocator_classes
+
+    classes = allocator_classes()
+    if t.batch_allocator not in classes:
+        raise ConfigError(f"{where}: batch_allocator {t.batch_allocator!r} is not one of {', '.join(sorted(classes))}")
+    cls = classes[t.batch_allocator]
+    try:
+        build_options(cls.Options, dict(t.batch_allocator_options or {}), f"allocator {t.batch_allocator!r}")
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+    for arm in arms:
+        arm.batch_allocator = PluginRef(t.batch_allocator, dict(t.batch_allocator_options or {}))
+    return arms
 
 
 def _engine_arm(t: _Arm, where: str) -> ArmConfig:

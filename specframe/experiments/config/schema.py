@@ -124,6 +124,9 @@ class ArmConfig:
     #: For an arm written in an engine's vocabulary (``engine = "vllm"``): the engine, its
     #: configuration as written and the fidelity statement (docs/serving.md); empty otherwise.
     imported: dict = field(default_factory=dict)
+    #: The arm's own batch allocator (``batch_allocator`` in its [[arm]] table; a load-aware one
+    #: such as ``goodput``, docs/load.md); None: the experiment's ``batch_allocator``.
+    batch_allocator: PluginRef | None = None
 
     @property
     def slug(self) -> str:
@@ -135,6 +138,8 @@ class ArmConfig:
         data = _plain(dataclasses.asdict(self))
         if not data["imported"]:
             del data["imported"]  # arms written in specframe's own keys describe as before
+        if data["batch_allocator"] is None:
+            del data["batch_allocator"]  # likewise arms without their own allocator
         return data
 
 
@@ -228,6 +233,8 @@ class ExperimentConfig(RunSettings):
     models: dict[str, ModelSpec] = field(default_factory=dict)
     drafter: PluginRef | None = None
     source: Path | None = None
+    #: The [load] table as written (checked by ``specframe load``: docs/load.md).
+    load: dict = field(default_factory=dict)
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called ``name``; the error lists the arms."""
@@ -269,6 +276,7 @@ class _File(RunSettings):
     models: dict = field(default_factory=dict)
     drafter: dict | None = None
     output: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict, metadata={"help": "the [load] table (specframe load, docs/load.md)"})
 
 
 @dataclass
@@ -290,6 +298,8 @@ class _Arm:
     server_args: dict | None = None
     generate_kwargs: dict | None = None
     args: dict | None = None
+    batch_allocator: str | None = None
+    batch_allocator_options: dict | None = None
 
 
 # ---------------------------------------------------------------------- helpers

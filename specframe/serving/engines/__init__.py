@@ -36,7 +36,9 @@ def export_arm(arm, engine: str, ctx: ExportContext | None = None) -> Export:
     ctx = ctx or ExportContext()
     if arm.baseline is not None:
         return _export_baseline(arm, engine)
-    return engine_module(engine).export(arm, ctx)
+    from specframe.serving.engines.load_export import add_allocator
+
+    return add_allocator(engine_module(engine).export(arm, ctx), arm)
 
 
 def import_arm(engine: str, table: dict, where: str):

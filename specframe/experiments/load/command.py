@@ -1,0 +1,67 @@
+"""The body of ``specframe load`` (the click command itself lives in ``specframe/cli.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+class _Bar:
+    """A rich progress bar over the cells (nothing when disabled)."""
+
+    def __init__(self, enabled: bool, console: Any) -> None:
+        self.bar = self.task = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console, transient=False)
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if self.bar is None:
+            return
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(label, total=total)
+        self.bar.update(self.task, completed=done, description=label)
+        if done == total:
+            self.bar.stop()
+
+
+def load_command(config_path: Path, rates: str | None, requests: int | None, max_live: int | None,
+                 arrivals: str | None, seed: int | None, slo_tpot_ms: float | None, out: Path | None,
+                 progress: bool, console: Any) -> None:
+    """Validate, serve every missing (rate, arm) cell, print the table and where the files are."""
+    from specframe.experiments.config import ConfigError, load_config
+    from specframe.experiments.load.run import LoadRun
+    from specframe.experiments.load.settings import load_settings, parse_rates
+    from specframe.experiments.load.table import markdown_table
+
+    try:
+        config = load_config(config_path)
+        settings = load_settings(config.load, {
+            "rates": parse_rates(rates) if rates else None, "requests": requests, "max_live": max_live,
+            "arrivals": arrivals, "seed": seed, "slo_tpot_ms": slo_tpot_ms})
+    except (ConfigError, ValueError, TypeError) as err:
+        raise click.ClickException(str(err).splitlines()[0]) from err
+    if settings.arrivals != "poisson" and not Path(settings.arrivals).is_file():
+        raise click.ClickException(f"--arrivals {settings.arrivals!r}: give 'poisson' or an existing file of "
+                                   "arrival times (seconds, one per line)")
+    out_dir = out or Path(str(config.output.dir) + "-load")
+    bar = _Bar(progress, console)
+    try:
+        summary = LoadRun(config, settings, out_dir, progress=bar).run()
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: finished cells are saved in {out_dir}; run the same command again "
+                      "to resume")
+        raise SystemExit(130)
+    console.print(markdown_table(summary), markup=False)
+    bad = [f"{c['arm']} @ {c['rate']:g}/s" for c in summary["cells"] if c["mismatches"]]
+    if bad:
+        console.print(f"[red]mismatches against greedy decoding[/] in {', '.join(bad)}")
+    console.print(f"Summary: {out_dir / 'summary.json'}  table: {out_dir / 'table.md'}  plots: {out_dir / 'plots'}",
+                  markup=False)

@@ -1,0 +1,47 @@
+"""Cells on disk: one JSON file per (rate, arm), written atomically, reused when its key matches."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from specframe.experiments.runs.layout import slugify
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed over it, fsynced):
+    a crash leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """``path``'s JSON, or None when it is missing or damaged (then it is recomputed)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def cell_path(out_dir: Path, rate: float, arm: str) -> Path:
+    """Where the cell of ``arm`` at ``rate`` lives: ``cells/rate-<rate>__<arm>.json``."""
+    return Path(out_dir) / "cells" / f"rate-{rate:g}__{slugify(arm)}.json"
+
+
+def done_cell(out_dir: Path, rate: float, arm: str, key: dict) -> dict | None:
+    """The stored cell when it was computed for ``key`` (the arm, the settings and the
+    inputs), else None."""
+    cell = read_json(cell_path(out_dir, rate, arm))
+    return cell if isinstance(cell, dict) and cell.get("key") == key else None

@@ -1,0 +1,232 @@
+"""Load-aware batch allocators: speculation that shrinks and grows with the live batch.
+
+- ``threshold``: vLLM's ``disable_by_batch_size``: every sequence speculates as it would alone
+  until the live batch reaches the threshold, then none does (docs/load.md).
+- ``schedule``: vLLM's ``num_speculative_tokens_per_batch_size``: a list of
+  ``[min batch, max batch, tokens]`` (inclusive ranges) picks each step's draft size by the live
+  batch size.
+- ``goodput``: SmartSpec's rule (arXiv 2406.14066) per row: each step, the node budgets that
+  maximise expected emitted tokens per second of step time, priced by the target's cost curve at
+  the live batch shape and each row's running acceptance estimate. A row may get its root alone
+  (no speculation) while another keeps a deep tree.
+
+A budget of 1 switches a row's speculation off: the engine then verifies its root alone without
+building (no policy call, no draft forward), as a plain decoding step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from specframe.decode.allocate import AllocatorOptions, BatchAllocator, water_fill
+from specframe.interfaces import StepStats
+
+
+def _all_on(caps: Sequence[int], total: int) -> list[int]:
+    """Every sequence up to its cap, within the batch budget (the ``equal`` split)."""
+    return water_fill(caps, total)
+
+
+@dataclass
+class ThresholdOptions(AllocatorOptions):
+    """Options of the ``threshold`` allocator.
+
+    Attributes:
+        disable_by_batch_size: speculation is off for every sequence of a step whose live batch
+            has at least this many sequences (vLLM: ``running_queue_size >= disable_by_batch_size``).
+    """
+
+    disable_by_batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        if int(self.disable_by_batch_size) < 1:
+            raise ValueError(f"disable_by_batch_size must be >= 1 (a live batch size), got {self.disable_by_batch_size!r}")
+
+
+class Threshold(BatchAllocator):
+    """vLLM's ``disable_by_batch_size``: all on below the threshold, all off at or above it."""
+
+    name = "threshold"
+    Options = ThresholdOptions
+
+    def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
+        """Root only for every sequence once ``len(caps)`` reaches the threshold, else the equal split."""
+        if len(caps) >= int(self.options.disable_by_batch_size):
+            return [1] * len(caps)
+        return _all_on(caps, total)
+
+
+@dataclass
+class ScheduleOptions(AllocatorOptions):
+    """Options of the ``schedule`` allocator.
+
+    Attributes:
+        schedule: ``[[min batch, max batch, tokens], ...]``: inclusive batch-size ranges, sorted,
+            not overlapping, the first starting at 1; ``tokens`` draft tokens (0 = speculation
+            off) give a budget of ``tokens + 1`` nodes, capped by the sequence's own. A batch size
+            in a gap or past the last range takes the range before it (vLLM's rule).
+    """
+
+    schedule: list = field(default_factory=lambda: [[1, 1, 4]])
+
+    def __post_init__(self) -> None:
+        self.schedule = check_schedule(self.schedule)
+
+
+def check_schedule(schedule: Any) -> list[list[int]]:
+    """``schedule`` as ``[[lo, hi, tokens], ...]`` sorted by ``lo``; a ValueError names the bad entry."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        raise ValueError(f"schedule must be a non-empty list of [min batch, max batch, tokens], got {schedule!r}")
+    rows = []
+    for entry in schedule:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry):
+            raise ValueError(f"schedule entry {entry!r} is not [min batch, max batch, tokens] (three integers)")
+        lo, hi, tokens = entry
+        if lo < 1 or hi < lo or tokens < 0:
+            raise ValueError(f"schedule entry {list(entry)}: need 1 <= min batch <= max batch and tokens >= 0")
+        rows.append([lo, hi, tokens])
+    rows.sort()
+    if rows[0][0] != 1:
+        raise ValueError(f"schedule's first range starts at {rows[0][0]}: it must start at batch size 1")
+    for before, after in zip(rows, rows[1:]):
+        if after[0] <= before[1]:
+            raise ValueError(f"schedule ranges {before} and {after} overlap")
+    return rows
+
+
+def scheduled_tokens(schedule: Sequence[Sequence[int]], live: int) -> int:
+    """The draft tokens ``schedule`` gives a live batch of ``live`` sequences."""
+    tokens = schedule[0][2]
+    for lo, _hi, k in schedule:
+        if lo > live:
+            break
+        tokens = k  # in the range, or in a gap / past the end after it
+    return tokens
+
+
+class Schedule(BatchAllocator):
+    """vLLM's per-batch-size draft length: ``tokens + 1`` nodes per sequence at each live size."""
+
+    name = "schedule"
+    Options = ScheduleOptions
+
+    def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
+        """Every sequence ``min(cap, tokens + 1)`` nodes, within the batch budget."""
+        size = scheduled_tokens(self.options.schedule, len(caps)) + 1
+        return water_fill([min(cap, size) for cap in caps], total)
+
+
+@dataclass
+class GoodputOptions(AllocatorOptions):
+    """Options of the ``goodput`` allocator.
+
+    Attributes:
+        window: how many of a sequence's recent speculative steps estimate its acceptance.
+        prior: the acceptance rate assumed for a sequence that has not speculated yet.
+        cache_len: the context length the cost curve is read at (tokens).
+        draft_cost: also charge each row's measured drafting and building time per node.
+    """
+
+    window: int = 8
+    prior: float = 0.6
+    cache_len: int = 256
+    draft_cost: bool = True
+
+    def __post_init__(self) -> None:
+        if int(self.window) < 1:
+            raise ValueError(f"window must be >= 1 (steps), got {self.window!r}")
+        if not 0.0 <= float(self.prior) < 1.0:
+            raise ValueError(f"prior must be an acceptance rate in [0, 1), got {self.prior!r}")
+        if int(self.cache_len) < 1:
+            raise ValueError(f"cache_len must be >= 1 (tokens), got {self.cache_len!r}")
+
+
+def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float) -> float:
+    """A row's per-token acceptance rate from its last ``window`` speculative steps: accepted
+    tokens over tries, a try being each accepted token plus the rejection that ended a step
+    short of its tree's depth (the geometric model's estimate); ``prior`` without such steps."""
+    spec = [s for s in steps if s.tree_size > 1][-window:]
+    tries = sum(s.accepted + (1 if s.accepted < s.depth else 0) for s in spec)
+    if tries == 0:
+        return prior
+    return min(sum(s.accepted for s in spec) / tries, 0.999)
+
+
+def node_cost(steps: Sequence[StepStats], window: int) -> float:
+    """Seconds of drafting and building per draft node over a row's recent speculative steps."""
+    spec = [s for s in steps if s.tree_size > 1][-window:]
+    nodes = sum(s.tree_size - 1 for s in spec)
+    return sum(s.draft_time + s.policy_time for s in spec) / nodes if nodes else 0.0
+
+
+class StepPrice:
+    """Seconds of one step of ``live`` rows given their tree sizes, from the row curve: the
+    padded layout pays for its longest tree in every row, the flat one for the mean size."""
+
+    def __init__(self, curves: Any, layout: str, live: int, cache_len: int, largest: int) -> None:
+        self.layout, self.live = layout, live
+        self.seconds = curves.row_curve(live).times(largest, cache_len)  # T(n) / live, n = 1..largest
+
+    def __call__(self, sizes: Sequence[int]) -> float:
+        """One step's target time for trees of ``sizes`` nodes."""
+        n = max(sizes) if self.layout == "padded" else math.ceil(sum(sizes) / len(sizes))
+        return self.live * self.seconds[min(n, len(self.seconds)) - 1]
+
+
+def goodput_budgets(alphas: Sequence[float], costs: Sequence[float], caps: Sequence[int], total: int,
+                    price: Any) -> list[int]:
+    """The sizes maximising expected emitted tokens per second: nodes are added one at a time,
+    each to the row whose next node has the highest acceptance probability (``alpha ** depth``,
+    the chain model), and the best point along that path is kept (the all-roots start
+    included, so every row may stay off). ``price(sizes)``: the step's target seconds;
+    ``costs[b]``: row b's seconds per draft node."""
+    sizes = [1] * len(caps)
+    value = float(len(caps))  # every row emits its bonus token
+    spent = 0.0
+    best, best_rate = list(sizes), value / max(price(sizes), 1e-12)
+    heap = [(-a, b) for b, a in enumerate(alphas) if caps[b] > 1 and a > 0]
+    heapq.heapify(heap)
+    room = total - len(caps)
+    while heap and room > 0:
+        gain, b = heapq.heappop(heap)
+        sizes[b] += 1
+        room -= 1
+        value -= gain
+        spent += costs[b]
+        rate = value / max(price(sizes) + spent, 1e-12)
+        if rate > best_rate:
+            best, best_rate = list(sizes), rate
+        if sizes[b] < caps[b]:
+            heapq.heappush(heap, (gain * alphas[b], b))
+    return best
+
+
+class Goodput(BatchAllocator):
+    """SmartSpec's goodput rule per row, priced by the cost curve at the live batch shape."""
+
+    name = "goodput"
+    Options = GoodputOptions
+    wants_batch_curve = True
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.curves: Any = None
+        self.layout = "padded"
+
+    def price_batch(self, curves: Any, layout: str) -> None:
+        """Keep the target's curves at the batch shapes and the layout to price steps with."""
+        self.curves, self.layout = curves, layout
+
+    def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
+        """Each row's budget from :func:`goodput_budgets`; without curves (never priced) every
+        row builds up to its cap, as ``equal`` does."""
+        if self.curves is None:
+            return _all_on(caps, total)
+        o = self.options
+        alphas = [acceptance_rate(h, int(o.window), float(o.prior)) for h in history]
+        costs = [node_cost(h, int(o.window)) if o.draft_cost else 0.0 for h in history]
+        price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps))
+        return goodput_budgets(alphas, costs, caps, total, price)

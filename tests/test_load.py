@@ -1,0 +1,204 @@
+"""specframe load (docs/load.md): arrivals, open-loop queueing, the load-aware allocators, the
+cheap switch, and a whole run's cells, summary and resume (tiny models, no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from specframe.decode.allocate import check_allocation, make_allocator
+from specframe.decode.batch import BatchDecoder
+from specframe.decode.engine import SpecDecoder, make_plugin
+from specframe.interfaces import StepStats
+from specframe.models.target import TargetModel
+from specframe.sizing.profile import CostCurve
+from specframe.testing.fixtures import default_drafter, tiny_target
+from specframe.testing.harness import greedy_by_recomputation
+from specframe.tree import DraftTree
+
+from specframe.experiments.load.arrivals import file_arrivals, poisson_arrivals, read_arrivals
+from specframe.experiments.load.metrics import percentile, summarize
+from specframe.experiments.load.settings import load_settings
+
+PROMPTS = [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40], [2, 2], [1, 2, 3]]
+
+
+def decoder(drafter: str = "model", policy: tuple = ("chain", {"gamma": 3})) -> SpecDecoder:
+    target = TargetModel(tiny_target())
+    return SpecDecoder(target, default_drafter(drafter, target), make_plugin("policies", policy),
+                       make_plugin("verifiers", "greedy"))
+
+
+# ---------------------------------------------------------------- arrivals
+def test_poisson_arrivals_are_seeded_and_start_at_zero():
+    a, b, c = poisson_arrivals(2.0, 200, 1), poisson_arrivals(2.0, 200, 1), poisson_arrivals(2.0, 200, 2)
+    assert a == b and a != c
+    assert a[0] == 0.0 and all(y >= x for x, y in zip(a, a[1:]))
+    assert 0.35 < a[-1] / 199 < 0.7  # mean gap near 1 / rate (seeded: fixed, not flaky)
+
+
+def test_file_arrivals_keep_the_pattern_at_the_rate(tmp_path):
+    path = tmp_path / "times.txt"
+    path.write_text("# burst then gap\n0\n0.1\n0.2\n\n3.0\n")
+    times = read_arrivals(path)
+    assert times == [0.0, 0.1, 0.2, 3.0]
+    out = file_arrivals(times, rate=2.0, count=8)
+    gaps = [y - x for x, y in zip(out, out[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.5)  # mean rate 2 requests/s
+    assert gaps[0] == pytest.approx(gaps[1]) and gaps[2] > 10 * gaps[0]  # the burst stays a burst
+    path.write_text("0\n2\n1\n")
+    with pytest.raises(ValueError, match="times.txt:3"):
+        read_arrivals(path)
+
+
+def test_settings_name_the_bad_key_and_the_valid_ones():
+    with pytest.raises(ValueError, match="rates"):
+        load_settings({"rates": [1, -2]}, {})
+    with pytest.raises(ValueError, match="max_live"):
+        load_settings({"rates": [1], "nope": 3}, {})
+    s = load_settings({"rates": [4, 1], "requests": 9}, {"requests": 3, "seed": None})
+    assert s.rates == [1.0, 4.0] and s.requests == 3 and s.seed == 0
+
+
+# ---------------------------------------------------------------- open-loop queueing
+def test_requests_queue_beyond_max_live_and_join_only_after_arriving():
+    dec = decoder("ngram")
+    greedy = [greedy_by_recomputation(dec.target.model, p, 6, None) for p in PROMPTS]
+    arrivals = [0.0, 0.0, 0.0, 0.0, 1000.0]  # the last arrives long after the others finish
+    out = BatchDecoder(dec).generate(PROMPTS, 6, None, max_live=2, arrivals=arrivals)
+    assert [o.tokens for o in out.outputs] == greedy
+    assert max(out.step_live) == 2
+    assert out.joined[2] > 0 and out.joined[3] > 0  # queued behind the first two
+    assert out.joined[4] >= 1000.0  # never before its arrival; the idle gap was skipped, not slept
+    assert all(f >= j for f, j in zip(out.first_token, out.joined))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        BatchDecoder(dec).generate(PROMPTS, 6, None, arrivals=[1, 0, 2, 3, 4])
+
+
+# ---------------------------------------------------------------- allocators
+def stats(tree_size: int, depth: int, accepted: int) -> StepStats:
+    return StepStats(tree_size=tree_size, depth=depth, accepted=accepted, emitted=accepted + 1, draft_forwards=depth,
+                     draft_time=0.0, policy_time=0.0, target_time=0.0, verify_time=0.0, other_time=0.0,
+                     widths=[1] * (depth + 1), accepted_ranks=[0] * accepted)
+
+
+def test_threshold_switches_every_row_off_at_the_batch_size():
+    alloc = make_allocator(("threshold", {"disable_by_batch_size": 3}))
+    assert alloc.budgets([5, 5], [[], []], 10) == [5, 5]
+    assert alloc.budgets([5, 5, 5], [[], [], []], 15) == [1, 1, 1]
+
+
+def test_schedule_follows_vllms_ranges_gaps_and_tail():
+    alloc = make_allocator(("schedule", {"schedule": [[1, 1, 4], [2, 3, 2], [6, 8, 0]]}))
+    sizes = {live: alloc.budgets([8] * live, [[]] * live, 8 * live)[0] for live in (1, 2, 3, 4, 5, 6, 9)}
+    assert sizes == {1: 5, 2: 3, 3: 3, 4: 3, 5: 3, 6: 1, 9: 1}  # a gap keeps the range before it
+    assert alloc.budgets([2], [[]], 2) == [2]  # capped by the row's own budget
+    with pytest.raises(ValueError, match="overlap"):
+        make_allocator(("schedule", {"schedule": [[1, 4, 2], [3, 5, 1]]}))
+
+
+class Curves:
+    """Stand-in BatchCurves: T(n) per row at any live size from ``seconds(n)``."""
+
+    def __init__(self, seconds) -> None:
+        self.seconds = seconds
+
+    def row_curve(self, live: int) -> CostCurve:
+        sizes = list(range(1, 33))
+        return CostCurve("test", sizes, [256], [[self.seconds(n) / live for n in sizes]])
+
+
+def goodput(curve, layout: str = "flat"):
+    alloc = make_allocator(("goodput", {"draft_cost": False}))
+    alloc.price_batch(Curves(curve), layout)
+    return alloc
+
+
+def test_goodput_speculates_deep_when_nodes_are_cheap_and_not_at_all_when_dear():
+    good = [[stats(5, 4, 4)] * 4] * 2  # acceptance ~1: every drafted token accepted
+    assert goodput(lambda n: 1.0).budgets([16, 16], good, 32) == [16, 16]
+    poor = [[stats(5, 4, 0)] * 4] * 2  # nothing accepted
+    assert goodput(lambda n: 1.0 + n).budgets([16, 16], poor, 32) == [1, 1]
+
+
+def test_goodput_gives_the_row_that_accepts_the_tree():
+    hist = [[stats(5, 4, 4)] * 4, [stats(5, 4, 0)] * 4]
+    sizes = goodput(lambda n: 1.0 + 0.05 * n).budgets([8, 8], hist, 16)
+    assert sizes[0] > 1 and sizes[1] == 1
+
+
+@pytest.mark.parametrize("name", ["threshold", "schedule", "goodput"])
+def test_load_allocators_keep_the_engine_rules(name):
+    alloc = make_allocator(name)
+    if name == "goodput":
+        alloc.price_batch(Curves(lambda n: 1.0 + 0.1 * n), "padded")
+    hist = [[stats(4, 3, 2)], [], [stats(2, 1, 0)]]
+    # Budgets in [1, cap] at every live size (tests/test_batch.py runs the full rules unpriced).
+    for caps in ([4, 6, 2], [8], [3] * 8):
+        check_allocation(alloc, caps, (hist * 3)[: len(caps)], sum(caps), lambda b, k: DraftTree.root(1))
+
+
+# ---------------------------------------------------------------- the cheap switch
+def test_a_row_switched_off_builds_nothing_and_drafts_nothing(monkeypatch):
+    dec = decoder("model")
+    greedy = [greedy_by_recomputation(dec.target.model, p, 6, None) for p in PROMPTS]
+    batcher = BatchDecoder(dec, ("threshold", {"disable_by_batch_size": 1}))
+    batcher.prepare(len(PROMPTS))
+    for policy in batcher._policies:
+        monkeypatch.setattr(policy, "build", lambda *a, **k: pytest.fail("a switched-off row was built"))
+    out = batcher.generate(PROMPTS, 6, None)
+    assert [o.tokens for o in out.outputs] == greedy
+    steps = [s for o in out.outputs for s in o.steps]
+    assert all(s.tree_size == 1 and s.draft_forwards == 0 for s in steps)
+    assert all(rows == live for rows, live in zip(out.step_rows, out.step_live))  # one token per row: plain decoding
+
+
+# ---------------------------------------------------------------- metrics and a whole run
+def test_percentiles_and_summary_names():
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 50) is None
+    from specframe.experiments.load.serve import Served
+
+    served = Served([0.0, 1.0], [0.0, 1.5], [0.5, 2.0], [1.5, 2.5], [[1, 2, 3], [4]], [0.5, 1.5, 2.0, 2.5], [1, 1, 1, 1])
+    s = summarize(served, [[1, 2, 3], [5]], slo_tpot_ms=600)
+    assert s["mismatches"] == 1 and s["tokens"] == 4 and s["throughput"] == pytest.approx(4 / 2.5)
+    assert s["ttft_p50"] == pytest.approx(0.75) and s["tpot_mean"] == pytest.approx(0.5)
+    assert s["goodput"] == pytest.approx(3 / 2.5)  # the one-token request has no TPOT
+    for name in ("request_throughput", "latency_p99", "tpot_p90", "live_batch_mean"):
+        assert name in s
+
+
+def test_load_run_writes_cells_summary_and_plots_and_resumes(tmp_path, monkeypatch):
+    from specframe.experiments.config import load_config
+    from specframe.experiments.load import run as load_run
+    from specframe.experiments.load.run import LoadRun
+
+    example = Path(__file__).resolve().parents[1] / "examples"
+    config = load_config(example / "load-tiny.toml")
+    config.arms = [a for a in config.arms if a.name in ("autoregressive", "goodput")]
+    config.max_new_tokens = 8
+    settings = load_settings(config.load, {"rates": [4.0], "requests": 3})
+    summary = LoadRun(config, settings, tmp_path).run()
+    assert {c["arm"] for c in summary["cells"]} == {"autoregressive", "goodput"}
+    assert all(c["mismatches"] == 0 and c["requests"] == 3 for c in summary["cells"])
+    assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["throughput"] > 0
+    assert (tmp_path / "plots" / "load_latency.png").is_file() and (tmp_path / "table.md").is_file()
+    monkeypatch.setattr(LoadRun, "_compute", lambda *a: pytest.fail("a stored cell was recomputed"))
+    again = LoadRun(config, settings, tmp_path).run()
+    assert again["cells"] == summary["cells"]
+
+
+def test_load_aware_arms_export_to_vllm_and_sglang_with_fidelity():
+    from specframe.experiments.config import load_config
+    from specframe.serving.engines import export_arm
+
+    arms = {a.name: a for a in load_config(Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml").arms}
+    vllm = export_arm(arms["threshold"], "vllm")
+    assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 3, 0]]
+    assert any("disable_by_batch_size = 3" in need for need in vllm.needs)
+    assert export_arm(arms["threshold"], "sglang").settings["speculative_batch_size_threshold"] == 3
+    assert export_arm(arms["goodput"], "vllm").fidelity.level == "not expressible"
+    assert "num_speculative_tokens_per_batch_size" not in export_arm(arms["fixed"], "vllm").settings
