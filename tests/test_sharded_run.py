@@ -175,7 +175,11 @@ def test_a_batched_run_sharded_by_window_answers_as_one_process(tmp_path, local_
     for (arm, qid, repeat), record in many.items():
         by_question.setdefault(qid, set()).add(json.dumps(record["device"], sort_keys=True))
     assert all(len(d) == 1 for d in by_question.values())
-    ids = list(by_question)
+    from specframe.experiments.config import load_config
+    from specframe.experiments.data import load_questions
+
+    data = load_config(config).data
+    ids = [json.dumps(q.question_id) for q in load_questions(data.path, data.category, data.limit)]
     windows = [ids] if "refill" in settings else [ids[:2], ids[2:]]
     for window in windows:
         assert len({next(iter(by_question[q])) for q in window}) == 1, window
