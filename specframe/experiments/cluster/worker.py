@@ -14,7 +14,6 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
