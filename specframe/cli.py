@@ -174,13 +174,25 @@ def load_cli(config: Path, rates: str | None, requests: int | None, max_live: in
 @cli.command("record")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Trace directory to write.")
+@click.option("--fresh", is_flag=True, help="Record again even when --out holds this experiment's trace.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-def record_command(config: Path, out: Path, progress: bool) -> None:
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Shard the questions over Ray workers (alone: a local Ray; else the cluster ADDRESS).")
+@click.option("--workers", type=int, default=None,
+              help="With --ray: workers, each holding one device (default: the cluster's GPUs, else CPUs / threads).")
+def record_command(config: Path, out: Path, fresh: bool, progress: bool, ray_address: str | None,
+                   workers: int | None) -> None:
     """Record CONFIG's target once per prompt (greedy continuation, hidden states its drafters
-    need, cost curve, environment) into a trace directory for `run --replay` and `sweep`."""
+    need, cost curve, environment) into a trace directory for `run --replay` and `sweep`.
+
+    A trace already in --out that was recorded for this experiment is kept (--fresh records
+    again: new timings, another trace). --ray shards the questions over Ray workers.
+    """
+    if workers is not None and ray_address is None:
+        raise click.UsageError("--workers needs --ray (one process records the questions in turn)")
     from specframe.replay.cli import record_config
 
-    record_config(config, out, progress, _console())
+    record_config(config, out, progress, _console(), ray_address=ray_address, workers=workers, fresh=fresh)
 
 
 @cli.command("sweep")

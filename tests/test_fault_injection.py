@@ -142,7 +142,7 @@ def test_a_rerecorded_trace_is_refused(project) -> None:
     case = copy_case(project, "rerecorded")
     shutil.copytree(project / "trace", case / "trace")
     specframe("run", "exp.toml", "--replay", "trace", "--out", "rep", cwd=case)
-    specframe("record", "exp.toml", "--out", "trace", cwd=case)  # new timings: another trace
+    specframe("record", "exp.toml", "--out", "trace", "--fresh", cwd=case)  # new timings: another trace
     done = specframe("run", "exp.toml", "--replay", "trace", "--out", "rep", cwd=case, check=False)
     assert done.returncode == 1 and "another trace" in done.stderr
     exactly_once(case / "rep", 4)
@@ -191,7 +191,7 @@ def test_a_killed_record_leaves_the_old_trace_whole(project, delay: float) -> No
         os.symlink(project / name, case / name)
     shutil.copytree(project / "trace", case / "trace")
     old = Trace.load(case / "trace").identity()
-    cmd = [sys.executable, "-m", "specframe.cli", "record", "exp.toml", "--out", "trace", "--no-progress"]
+    cmd = [sys.executable, "-m", "specframe.cli", "record", "exp.toml", "--out", "trace", "--fresh", "--no-progress"]
     code = _kill_after(cmd, case, delay)
     now = Trace.load(case / "trace")  # loads, hidden files and all: never half old, half new
     assert code in (0, -signal.SIGKILL)

@@ -18,34 +18,10 @@ pytest.importorskip("ray")
 
 from ray_faults import FAULTY_GAMMA, MESSAGE  # noqa: E402
 from ray_session import local_ray  # noqa: E402,F401 - the session's Ray fixture
-from specframe.cli import REPO_EXAMPLES, cli  # noqa: E402
+from specframe.cli import cli  # noqa: E402
+from tiny_demo import ARMS, demo_config  # noqa: E402
 
-DEMO = REPO_EXAMPLES / "demo-tiny.toml"
-#: The demo's arms kept here (each distinct kind of drafting: none, a draft model, a head, n-grams).
-ARMS = ("autoregressive", "chain", "talon", "eagle3+talon")
-
-
-def _config(tmp: Path, extra: str = "") -> Path:
-    """The tiny pair's demo config, cut to 3 questions, 16 tokens and a few arms."""
-    text = DEMO.read_text()
-    text = text.replace("max_new_tokens = 96", "max_new_tokens = 16").replace("limit = 10", "limit = 3")
-    text = text.replace('path = "prompts/code.jsonl"', f'path = "{DEMO.parent / "prompts" / "code.jsonl"}"')
-    head, *arms = re.split(r"\n(?=\[\[arm\]\])", text.split("\n[data]")[0])
-    tail = "\n[data]" + text.split("\n[data]")[1]
-    kept = [a for a in arms if _arm_name(a) in ARMS]
-    assert [_arm_name(a) for a in kept] == list(ARMS), [_arm_name(a) for a in arms]
-    path = tmp / "exp.toml"
-    path.write_text("\n".join([head, *kept]) + extra + tail)
-    return path
-
-
-def _arm_name(block: str) -> str:
-    base = re.search(r'baseline = "([^"]+)"', block)
-    if base:
-        return base.group(1)
-    policy = re.search(r'policy = "([^"]+)"', block).group(1)
-    drafter = re.search(r'drafter = "([^"]+)"', block)
-    return f"{drafter.group(1)}+{policy}" if drafter else policy
+_config = demo_config
 
 
 def _run(config: Path, out: Path, *extra: str):
@@ -178,3 +154,42 @@ def test_a_plugin_raising_in_a_worker_is_one_line_naming_the_arm(tmp_path, local
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "'faulty'" in errors[0] and MESSAGE in errors[0], result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("settings", ["batch_size = 2", "batch_size = 2\nbatch_refill = true"],
+                         ids=["windows", "refill"])
+def test_a_batched_run_sharded_by_window_answers_as_one_process(tmp_path, local_ray, settings):
+    config = _config(tmp_path, settings=settings)
+    single = _run(config, tmp_path / "one")
+    assert single.exit_code == 0, single.output
+    sharded = _run(config, tmp_path / "sharded", "--ray", "--workers", "2")
+    assert sharded.exit_code == 0, sharded.output
+    one, many = _answers(tmp_path / "one"), _answers(tmp_path / "sharded")
+    assert set(one) == set(many) and len(one) == 3 * len(ARMS)
+    for key in one:
+        assert _exact(many[key]) == _exact(one[key]), key
+        assert "batch" in many[key] and "batch" in one[key]  # both ran batched
+    # a window is one unit: its questions ran on one device (3 questions: windows {0, 1} and {2}
+    # with batch_size = 2; with batch_refill the repeat's 3 questions are one window)
+    by_question = {}
+    for (arm, qid, repeat), record in many.items():
+        by_question.setdefault(qid, set()).add(json.dumps(record["device"], sort_keys=True))
+    assert all(len(d) == 1 for d in by_question.values())
+    from specframe.experiments.config import load_config
+    from specframe.experiments.data import load_questions
+
+    data = load_config(config).data
+    ids = [json.dumps(q.question_id) for q in load_questions(data.path, data.category, data.limit)]
+    windows = [ids] if "refill" in settings else [ids[:2], ids[2:]]
+    for window in windows:
+        assert len({next(iter(by_question[q])) for q in window}) == 1, window
+
+
+def test_a_drafter_keeping_state_across_requests_is_refused_naming_the_arm(tmp_path, local_ray):
+    arm = '\n[[arm]]\nname = "learning"\npolicy = "chain"\ndrafter = "recycle"\n'
+    result = _run(_config(tmp_path, arm), tmp_path / "out", "--ray", "--workers", "1")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "arm 'learning'" in errors[0] and "run it without --ray" in errors[0], result.output
+    answers = tmp_path / "out" / "answers"
+    assert not answers.exists() or _answers(tmp_path / "out") == {}  # refused before any answer

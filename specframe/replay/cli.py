@@ -21,13 +21,32 @@ def _config(path: Path) -> Any:
         raise click.ClickException(one_line(err)) from err
 
 
-def record_config(config_path: Path, out: Path, progress: bool, console: Any) -> None:
-    """Record the trace of ``config_path`` into ``out`` and say what it holds."""
-    from specframe.replay.record import record_trace
+def record_config(config_path: Path, out: Path, progress: bool, console: Any, ray_address: str | None = None,
+                  workers: int | None = None, fresh: bool = False) -> None:
+    """Record the trace of ``config_path`` into ``out`` (over Ray workers with ``ray_address``)
+    and say what it holds; a trace of this experiment already there is kept unless ``fresh``."""
+    from specframe.errors import ExperimentError
+    from specframe.replay.record import complete_trace, record_trace
 
-    trace = record_trace(_config(config_path), out, progress=progress, console=console)
+    config = _config(config_path)
+    found = None if fresh else complete_trace(config, out)
+    if found is not None:
+        console.print(f"trace: {out} already holds this experiment's trace ({len(found.prompts)} prompts): "
+                      "nothing recorded (--fresh records again)", markup=False)
+        return
+    try:
+        if ray_address is None:
+            trace = record_trace(config, out, progress=progress, console=console)
+        else:
+            from specframe.replay.sharded_record import record_sharded
+
+            trace = record_sharded(config, out, ray_address, workers, progress=progress, console=console)
+    except ExperimentError as err:
+        raise click.ClickException(one_line(err)) from err
     layers = f", hidden layers {trace.hidden_layers} ({trace.environment['hidden_dtype']})" if trace.hidden_layers else ""
-    console.print(f"trace: {out} ({len(trace.prompts)} prompts{layers}; curve {trace.environment['curve_key']})",
+    devices = trace.environment.get("devices", [])
+    on = f"; recorded on {len(devices)} devices" if len(devices) > 1 else ""
+    console.print(f"trace: {out} ({len(trace.prompts)} prompts{layers}; curve {trace.environment['curve_key']}{on})",
                   markup=False)
 
 

@@ -16,8 +16,9 @@ import os
 import platform
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,7 +29,7 @@ from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_
 from specframe.models.gguf import pid_alive
 from specframe.models.target import TargetModel
 from specframe.replay.projection import fit_rest
-from specframe.replay.trace import PromptTrace, Trace, prompt_key, save_hidden
+from specframe.replay.trace import PromptTrace, Trace, TraceError, prompt_key, save_hidden
 
 #: The recording arm: lossless, drafter-free, a few tokens a step.
 RECORD_DRAFTER = ("ngram", {})
@@ -143,23 +144,49 @@ def _ar_ratio(target: TargetModel, prompts: list[list[int]], curve: Any, tokens:
 
 
 def record_trace(config: ExperimentConfig, out: str | Path, progress: bool = True, console: Any = None) -> Trace:
-    """Record ``config``'s target on every prompt of the experiment into ``out``.
+    """Record ``config``'s target on every prompt of the experiment into ``out``, in this process
+    (:func:`record_atomically`)."""
+    return record_atomically(out, lambda work: _record_into(config, work, progress, console))
 
-    The trace is written into a temporary directory beside ``out`` and renamed into place
-    when complete, so an interrupted recording leaves ``out`` as it was (an older trace, or
-    nothing), never an old trace.json beside new hidden states."""
+
+def record_atomically(out: str | Path, record: Callable[[Path], Trace]) -> Trace:
+    """``record(work)`` writes a whole trace into ``work``, a temporary directory beside ``out``,
+    which is then renamed into place, so an interrupted recording leaves ``out`` as it was (an
+    older trace, or nothing), never an old trace.json beside new hidden states."""
     final = Path(out)
     final.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_temporaries(final)
     work = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        trace = _record_into(config, work, progress, console)
+        trace = record(work)
         swap_into_place(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     trace.path = final
     return trace
+
+
+def recorded_for(config: ExperimentConfig) -> str:
+    """What a trace is recorded for, as a hash: the experiment's settings, its target (model,
+    dtype, device, kernels) and threads, the arms' drafters (they decide which hidden layers
+    are stored) and the tokens recorded past the stop."""
+    drafters = sorted({json.dumps([a.drafter.name, a.drafter.options], sort_keys=True, default=str)
+                       for a in config.arms if a.drafter is not None})
+    data = {"settings": experiment_settings(config), "target": asdict(config.target), "threads": config.threads,
+            "drafters": drafters, "extra": _extra_tokens(config)}
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def complete_trace(config: ExperimentConfig, out: str | Path) -> Trace | None:
+    """The trace at ``out`` when it was recorded for ``config`` (:func:`recorded_for`), else
+    None (none there, damaged, or another experiment's). A trace is only ever renamed into
+    place whole, so one found is complete: ``record`` keeps it unless told ``--fresh``."""
+    try:
+        trace = Trace.load(out)
+    except TraceError:
+        return None
+    return trace if trace.environment.get("recorded_for") == recorded_for(config) else None
 
 
 def swap_into_place(work: Path, final: Path) -> None:
@@ -188,51 +215,103 @@ def clear_stale_temporaries(final: Path) -> None:
 
 def _record_into(config: ExperimentConfig, out: Path, progress: bool, console: Any) -> Trace:
     from specframe.experiments.progress import ProgressBar
-    from specframe.sizing.profile import curve_for
 
     questions = load_questions(config.data.path, config.data.category, config.data.limit)
     threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        with no_loading_bars():
-            pool = ModelPool(config)
-            model = pool.target()
-            target = TargetModel(model)
-            encoder = PromptEncoder(load_tokenizer(config), config.data.chat_template)
-        first = encoder.encode(questions[0].turns, [], None)
-        layers = hidden_layers(config, pool, target, first)
-        curve = curve_for(target)
-        eos = _eos(config, target)
-        decoder = SpecDecoder.build(target, drafter=RECORD_DRAFTER, policy=RECORD_POLICY, verifier="greedy")
-        extra = _extra_tokens(config)
-        prompts: dict[str, PromptTrace] = {}
-        rest: list[tuple[int, float]] = []
-        ratios: list[float] = []
-        total = sum(len(q.turns) for q in questions)
-        with ProgressBar(total, 0, enabled=progress, console=console) as advance:
+        recorder = Recorder(config, questions)
+        turns: list[RecordedTurn] = []
+        with ProgressBar(sum(len(q.turns) for q in questions), 0, enabled=progress, console=console) as advance:
             for q in questions:
-                answers: list[list[int]] = []
-                prompt = None
-                for turn in range(len(q.turns)):
-                    prompt = encoder.encode(q.turns, answers, prompt)
-                    entry = _record_prompt(decoder, target, prompt, config.max_new_tokens, extra, eos, layers,
-                                           out, len(prompts), rest, ratios, curve)
-                    entry.key = prompt_key(q.question_id, turn)
-                    prompts[entry.key] = entry
-                    answers.append(entry.continuation[: entry.stop])
+                for turn in recorder.record_question(q, len(turns), lambda i, layers: save_hidden(out, i, layers)):
+                    turns.append(turn)
                     advance(str(q.question_id))
-        a, b = fit_rest(rest)
-        scale = _median(ratios) if ratios else 1.0
-        firsts = [p.prompt for p in list(prompts.values())[:3]]
-        overhead = {"rest_fixed": a, "rest_per_node": b, "ar_ratio": _ar_ratio(target, firsts, curve),
-                    "steps_fitted": len(rest), "curve_scale": scale}
-        trace = Trace(_environment(config, model, target, curve, extra), experiment_settings(config), prompts,
-                      overhead, layers)
-        trace.save(out, curve)
+        ratio, device = recorder.ar_ratio([t.entry.prompt for t in turns[:3]])
+        trace = assemble_trace(config, recorder.environment(), recorder.layers, turns, ratio, device)
+        trace.save(out, recorder.curve)
         return trace
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass
+class RecordedTurn:
+    """One turn as recorded: its trace entry, and the timings the trace's overhead is fitted
+    from (``rest``: (tree size, verify + other seconds) per step but the last; ``ratios``:
+    each step's measured target time over the curve's)."""
+
+    entry: PromptTrace
+    rest: list[tuple[int, float]]
+    ratios: list[float]
+
+
+class Recorder:
+    """The target loaded for recording (in one process, or in one Ray worker) and what every
+    turn's recording shares: the stored hidden layers, the cost curve, EOS, the recording
+    decoder and the tokens recorded past the stop. ``device_index`` is the index every entry's
+    device records (a Ray worker's GPU or number; 0 in one process)."""
+
+    def __init__(self, config: ExperimentConfig, questions: list, device_index: int = 0) -> None:
+        from specframe.sizing.profile import curve_for
+
+        self.config, self.device_index = config, device_index
+        with no_loading_bars():
+            pool = ModelPool(config)
+            self.model = pool.target()
+            self.target = TargetModel(self.model)
+            self.encoder = PromptEncoder(load_tokenizer(config), config.data.chat_template)
+        first = self.encoder.encode(questions[0].turns, [], None)
+        self.layers = hidden_layers(config, pool, self.target, first)
+        self.curve = curve_for(self.target)
+        self.eos = _eos(config, self.target)
+        self.decoder = SpecDecoder.build(self.target, drafter=RECORD_DRAFTER, policy=RECORD_POLICY, verifier="greedy")
+        self.extra = _extra_tokens(config)
+
+    def record_question(self, question: Any, index: int, save: Any) -> list[RecordedTurn]:
+        """Every turn of ``question`` (a turn's prompt holds the answers before it); ``index``
+        is its first turn's place among the trace's prompts, and ``save(index, layers)`` keeps
+        a turn's hidden states, returning ``(file, sha1)``."""
+        from specframe.experiments.cluster.device import describe_device
+
+        device = describe_device(self.target.device, self.device_index)
+        out, answers, prompt = [], [], None
+        for turn in range(len(question.turns)):
+            prompt = self.encoder.encode(question.turns, answers, prompt)
+            recorded = _record_prompt(self.decoder, self.target, prompt, self.config.max_new_tokens, self.extra,
+                                      self.eos, self.layers, lambda layers: save(index + turn, layers), self.curve)
+            recorded.entry.key = prompt_key(question.question_id, turn)
+            recorded.entry.device = device
+            out.append(recorded)
+            answers.append(recorded.entry.continuation[: recorded.entry.stop])
+        return out
+
+    def ar_ratio(self, prompts: list[list[int]]) -> tuple[float, dict]:
+        """The measured autoregressive step over the curve's (:func:`_ar_ratio`), and the device
+        that measured it."""
+        from specframe.experiments.cluster.device import describe_device
+
+        return _ar_ratio(self.target, prompts, self.curve), describe_device(self.target.device, self.device_index)
+
+    def environment(self) -> dict:
+        """The trace's environment block, as this recorder sees it."""
+        return _environment(self.config, self.model, self.target, self.curve, self.extra)
+
+
+def assemble_trace(config: ExperimentConfig, environment: dict, layers: list[int], turns: list[RecordedTurn],
+                   ar_ratio: float, ar_device: dict) -> Trace:
+    """The trace of ``turns`` (in data-file order): the per-step rest fitted over every turn's
+    steps, the curve's scale their median ratio, and ``ar_ratio`` with the device that measured
+    it (each turn's own timings name their device in its entry)."""
+    rest = [pair for t in turns for pair in t.rest]
+    ratios = [r for t in turns for r in t.ratios]
+    a, b = fit_rest(rest)
+    overhead = {"rest_fixed": a, "rest_per_node": b, "ar_ratio": ar_ratio, "steps_fitted": len(rest),
+                "curve_scale": _median(ratios) if ratios else 1.0}
+    overhead["ar_ratio_device"] = ar_device
+    prompts = {t.entry.key: t.entry for t in turns}
+    return Trace(environment, experiment_settings(config), prompts, overhead, layers)
 
 
 def _median(values: list[float]) -> float:
@@ -248,8 +327,7 @@ def _eos(config: ExperimentConfig, target: TargetModel) -> set[int]:
 
 
 def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int], max_new: int, extra: int,
-                   eos: set[int], layers: list[int], out: Path, index: int,
-                   rest: list[tuple[int, float]], ratios: list[float], curve: Any) -> PromptTrace:
+                   eos: set[int], layers: list[int], save: Any, curve: Any) -> RecordedTurn:
     """One turn: its continuation (``extra`` past the stop), prefill time and hidden states."""
     room = target.max_positions - len(prompt)
     steps: list = []
@@ -261,7 +339,8 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
         if tok in eos:
             stop = i + 1
             break
-    rest += [(v.stats.tree_size, v.stats.verify_time + v.stats.other_time) for v in steps[:-1]]
+    rest = [(v.stats.tree_size, v.stats.verify_time + v.stats.other_time) for v in steps[:-1]]
+    ratios: list[float] = []
     context = len(prompt)
     for v in steps:  # measured target time against the curve's, at the step's context
         if curve is not None and v.stats.target_time > 0:
@@ -273,8 +352,8 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
         target.reset()
         full = torch.tensor(prompt + cont, device=target.device)
         states = target.causal_forward(full, True).hidden_states
-        entry.hidden_file, entry.hidden_sha1 = save_hidden(out, index, {i: states[i][0] for i in layers})
-    return entry
+        entry.hidden_file, entry.hidden_sha1 = save({i: states[i][0] for i in layers})
+    return RecordedTurn(entry, rest, ratios)
 
 
 def _environment(config: ExperimentConfig, model: Any, target: TargetModel, curve: Any, extra: int) -> dict:
@@ -287,4 +366,5 @@ def _environment(config: ExperimentConfig, model: Any, target: TargetModel, curv
             "device": str(target.device), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
             "curve_key": curve.key if curve is not None else None, "extra_tokens": extra,
-            "recorded_with": f"{RECORD_DRAFTER[0]} + {RECORD_POLICY[0]} {RECORD_POLICY[1]}, greedy"}
+            "recorded_with": f"{RECORD_DRAFTER[0]} + {RECORD_POLICY[0]} {RECORD_POLICY[1]}, greedy",
+            "recorded_for": recorded_for(config)}

@@ -47,6 +47,9 @@ class PromptTrace:
         prefill_seconds: the live prefill's wall time when recorded.
         hidden_file: safetensors file of its hidden states (relative), or None.
         hidden_sha1: that file's content hash (checked when it is read).
+        device: the device that recorded it, and so timed ``prefill_seconds`` and the steps
+            the trace's overhead is fitted from (``specframe.experiments.cluster.device``);
+            None in traces recorded before devices were kept.
     """
 
     key: str
@@ -56,6 +59,7 @@ class PromptTrace:
     prefill_seconds: float = 0.0
     hidden_file: str | None = None
     hidden_sha1: str | None = None
+    device: dict | None = None
 
 
 @dataclass
@@ -193,10 +197,19 @@ def prompt_key(question_id: Any, turn: int) -> str:
 def save_hidden(out: Path, index: int, layers: dict[int, torch.Tensor]) -> tuple[str, str]:
     """Write one prompt's hidden states; returns the path relative to the trace directory
     and the file's content hash."""
+    rel, data = encode_hidden(index, layers)
+    return write_hidden(out, rel, data)
+
+
+def encode_hidden(index: int, layers: dict[int, torch.Tensor]) -> tuple[str, bytes]:
+    """One prompt's hidden states as a safetensors file's bytes, and its path in a trace."""
     from safetensors.torch import save
 
-    rel = f"{HIDDEN_DIR}/{index}.safetensors"
+    return f"{HIDDEN_DIR}/{index}.safetensors", save({f"layer{i}": t.contiguous().cpu() for i, t in layers.items()})
+
+
+def write_hidden(out: Path, rel: str, data: bytes) -> tuple[str, str]:
+    """Write a hidden-states file (``rel`` under ``out``); returns ``rel`` and its content hash."""
     (out / HIDDEN_DIR).mkdir(parents=True, exist_ok=True)
-    data = save({f"layer{i}": t.contiguous().cpu() for i, t in layers.items()})
     (out / rel).write_bytes(data)
     return rel, hashlib.sha1(data).hexdigest()

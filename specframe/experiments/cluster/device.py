@@ -57,3 +57,19 @@ def device_kind(description: dict | None) -> str | None:
         return None
     kind = f"{description.get('kind')} {description.get('name')!s}"
     return kind + (f", {description['threads']} thread(s)" if description.get("threads") is not None else "")
+
+
+def worker_index(number: int) -> int:
+    """The device index a Ray worker records: its physical GPU under Ray, else its number."""
+    import torch
+
+    if torch.cuda.is_available():
+        try:
+            import ray
+
+            ids = ray.get_gpu_ids()
+            if ids:
+                return int(ids[0])
+        except Exception:  # not in a Ray worker: the number stands
+            pass
+    return int(number)

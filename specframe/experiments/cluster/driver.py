@@ -27,14 +27,11 @@ from typing import Any
 
 from specframe.errors import ExperimentError
 from specframe.experiments.cluster import rayrun
+from specframe.experiments.cluster.pool import ActorPool
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import Question
 from specframe.experiments.experiment import Experiment
 from specframe.experiments.runs import AnswerStore, RunFile, answer_key
-
-#: How many actors may die in one run before it stops (a crash loop is no preemption).
-MAX_RESTARTS = 8
-
 
 def placement(config: ExperimentConfig) -> dict[str, float]:
     """What one worker holds: one GPU (and a CPU) where the target may run on CUDA and the
@@ -83,16 +80,34 @@ class ShardedExperiment(Experiment):
         actor_class = ray.remote(**needs)(ShardWorker)
         start = lambda number: actor_class.remote(self.config, arms, questions, sorted(self._explored), number)  # noqa: E731
         self._say(f"starting {count} Ray worker(s), each loading the target and {len(arms)} arm(s) ...")
-        self.pool = pool = _Pool(ray, start, count)
+        self.pool = pool = ActorPool(ray, start, count)
         try:
-            info = pool.first_info()
+            info = pool.infos("a worker, loading the target and the arms")[0]
             todo = self._after_loading(info, todo, questions)
             if not todo:
                 return 0
             with self._progress(total=skipped + len(todo), completed=skipped) as advance:
-                return pool.run(units(self.config, todo, questions), store, advance, self.on_record)
+                return self._hand_out(units(self.config, todo, questions), store, advance)
         finally:
             pool.close()
+
+    def _hand_out(self, work: list, store: AnswerStore, advance: Any) -> int:
+        """Each unit to a free worker; its answers appended once each. Returns how many."""
+        written: set[tuple] = set()
+
+        def keep(unit: Any, records: list) -> None:
+            for record in records:
+                key = (record.arm, *answer_key(record.question_id, record.repeat))
+                if key in written:  # a unit handed out again after its worker died
+                    continue
+                written.add(key)
+                store.append(record)
+                advance(record.arm)
+                if self.on_record is not None:
+                    self.on_record(record.arm, record)
+
+        self.pool.run(work, lambda actor, item: actor.answer.remote(*item), keep)
+        return len(written)
 
     def _after_loading(self, info: Any, todo: list, questions: list[Question]) -> list:
         """What the one-process run does once the arms are built, with what a worker found:
@@ -108,81 +123,6 @@ class ShardedExperiment(Experiment):
         questions[:] = [q for q in questions if json.dumps(q.question_id) in kept]
         self._record_greedy({n: SimpleNamespace(greedy=g) for n, g in info.greedy.items()})
         return [t for t in todo if json.dumps(t[1].question_id) in kept]
-
-
-class _Pool:
-    """The actors of one run, each given one unit at a time; dead ones replaced."""
-
-    def __init__(self, ray: Any, start: Any, count: int) -> None:
-        self.ray, self.start, self.started = ray, start, 0
-        self.actors = [self._new() for _ in range(count)]
-
-    def _new(self) -> Any:
-        actor = self.start(self.started)
-        self.started += 1
-        return actor
-
-    def first_info(self) -> Any:
-        """The first worker's :class:`WorkerInfo` (every worker loads the same config), once
-        every worker has loaded (``pids``: each worker's process, by its number)."""
-        infos = [self._get(a.ready.remote(), "a worker, loading the target and the arms") for a in self.actors]
-        self.pids = {info.device["index"]: info.pid for info in infos}
-        return infos[0]
-
-    def _get(self, ref: Any, what: str) -> Any:
-        try:
-            return self.ray.get(ref)
-        except Exception as err:
-            raise rayrun.TaskFailed(what, rayrun.task_message(err)) from err
-
-    def run(self, work: list, store: AnswerStore, advance: Any, on_record: Any) -> int:
-        """Hand out ``work`` to free actors; append each unit's answers once. Returns how many."""
-        from ray.exceptions import RayActorError
-
-        queue, running, written, computed, deaths = list(work), {}, set(), 0, 0
-        idle = list(self.actors)
-        while queue or running:
-            while queue and idle:
-                actor, (unit, wanted) = idle.pop(0), queue.pop(0)
-                running[actor.answer.remote(unit, wanted)] = (actor, unit, wanted)
-            ready, _ = self.ray.wait(list(running), num_returns=1)
-            actor, unit, wanted = running.pop(ready[0])
-            try:
-                records = self.ray.get(ready[0])
-            except RayActorError:  # the worker died (killed, preempted, out of memory): its unit only
-                deaths += 1
-                if deaths > MAX_RESTARTS:
-                    raise ExperimentError(f"{deaths} Ray workers died in this run; stopping (the answers written "
-                                          "so far are kept: the same command resumes)") from None
-                self.actors.remove(actor)
-                queue.insert(0, (unit, wanted))
-                if not idle and not running:
-                    replacement = self._new()
-                    self.actors.append(replacement)
-                    idle.append(replacement)
-                continue
-            except Exception as err:  # the unit's own error (a plugin raised): one line naming the arm
-                raise ExperimentError(rayrun.task_message(err)) from err
-            for record in records:
-                key = (record.arm, *answer_key(record.question_id, record.repeat))
-                if key in written:
-                    continue
-                written.add(key)
-                store.append(record)
-                computed += 1
-                advance(record.arm)
-                if on_record is not None:
-                    on_record(record.arm, record)
-            idle.append(actor)
-        return computed
-
-    def close(self) -> None:
-        """Stop every actor (their models go with them)."""
-        for actor in self.actors:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # already gone
-                pass
 
 
 def run_sharded(config: ExperimentConfig, out_dir: Any, address: str | None, workers: int | None = None,

@@ -14,10 +14,10 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from specframe.experiments.cluster.device import worker_index
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import Question
 from specframe.experiments.batching import answer_in_batches
@@ -54,7 +54,7 @@ class ShardWorker:
             torch.set_num_threads(config.threads)
         self.experiment = Experiment(config, tempfile.mkdtemp(prefix="specframe-worker-"), progress=False)
         self.experiment._explored = set(explored)  # the explorer's questions keep every step's tree
-        self.experiment.device_index = _gpu_index(number)
+        self.experiment.device_index = worker_index(number)
         self.arms = [a for a in config.arms if a.name in arm_names]
         self.questions = list(questions)
         with no_loading_bars():
@@ -96,17 +96,3 @@ class _Sink:
     def append(self, record: AnswerRecord) -> AnswerRecord:
         self.records.append(record)
         return record
-
-
-def _gpu_index(number: int) -> int:
-    """The device index a worker records: its physical GPU under Ray, else its number."""
-    if torch.cuda.is_available():
-        try:
-            import ray
-
-            ids = ray.get_gpu_ids()
-            if ids:
-                return int(ids[0])
-        except Exception:  # not in a Ray worker: the number stands
-            pass
-    return int(number)
