@@ -41,14 +41,16 @@ def test_an_accepted_path_ending_at_a_leaf_tests_nothing_deeper():
 def test_steps_recorded_without_the_leaf_column_count_as_before_and_say_so():
     """Answer records written before ``accepted_children`` was recorded count every stop short
     of the tree's depth as a miss (as they always did), and the acceptance says how many."""
-    from specframe.serving.acceptance import basis, from_records
+    from specframe.serving.acceptance import basis, describe, from_records
 
     old = from_records([{"steps": {"depth": [3, 3], "accepted_ranks": [[0], [0]]}}], "arm", "run")
     assert old.reached == [2, 2] and old.unmarked_leaves == 2
     assert "2 of them were recorded without" in basis(old)
+    assert "2 steps predate accepted_children" in describe(old)
     new = from_records([{"steps": {"depth": [3, 3], "accepted_ranks": [[0], [0]], "accepted_children": [0, 2]}}],
                        "arm", "run")
     assert new.reached == [2, 1] and new.unmarked_leaves == 0 and "recorded without" not in basis(new)
+    assert "predate" not in describe(new)
 
 
 def test_the_engine_records_the_children_of_the_last_accepted_node():

@@ -2,8 +2,9 @@
 
 On a GPU every ``int(tensor)`` waits for all queued kernels. The engine packs the accepted
 path, its tokens and ranks, the bonus token, the tree's widths, the number of children of the
-last accepted node and its validity flag into one tensor and reads it once per step; ``specframe.testing.reference.read_verdict`` is the plain
-reference that gets the same record from a host-side verdict.
+last accepted node and its validity flag into one tensor and reads it once per step;
+``specframe.testing.reference.read_verdict`` is the plain reference that gets the same record
+from a host-side verdict.
 """
 
 from __future__ import annotations

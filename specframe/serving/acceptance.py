@@ -248,6 +248,9 @@ def describe(acc: Acceptance, ranks: int = 6) -> str:
     fmt = lambda row: " ".join(f"{x:.3f}" for x in row[:ranks])  # noqa: E731
     lines = [f"{acc.method} acceptance of {acc.arm} over {acc.source}: {acc.steps} steps, width {acc.width}",
              f"by rank (Sequoia's a[k]): {fmt(acc.by_rank)}"]
+    if acc.unmarked_leaves:
+        lines.insert(1, f"{acc.unmarked_leaves} steps predate accepted_children: a path that ended at a leaf "
+                        "counts a miss at the next depth there (a[0] reads low)")
     for d, (row, r) in enumerate(zip(acc.by_depth, acc.reached), start=1):
         lines.append(f"depth {d} ({r} tested): {fmt(row)}")
     return "\n".join(lines)
