@@ -352,6 +352,11 @@ class StepStats:
     #: Nodes the context took off the policy's budget this step (0: the full budget was
     #: available). Near the target's maximum length the engine passes a smaller limit.
     budget_cut: int = 0
+    #: Children of the last accepted node (the root when nothing was accepted): the nodes that
+    #: put the next depth to the test. 0: the accepted path ended at a leaf, so a tree deeper
+    #: elsewhere missed nothing below it (what acceptance by depth and rank needs to know).
+    #: -1: not recorded (a StepStats built outside the engine; records written before it).
+    accepted_children: int = -1
 
     @property
     def total_time(self) -> float:

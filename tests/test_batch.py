@@ -71,6 +71,8 @@ def check_batch(drafter: str, policy: str, prompts: list[list[int]], eos_pick: i
         alone = solo(drafter, policy, prompt, eos)
         if not reused:
             assert step_record(out) == step_record(alone), f"{drafter} x {policy}: steps differ from generate()"
+            # Not in step_record, which b1_steps.json pins from before steps recorded it.
+            assert [s.accepted_children for s in out.steps] == [s.accepted_children for s in alone.steps]
         assert out.stopped_at_eos == alone.stopped_at_eos
 
 

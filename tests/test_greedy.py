@@ -26,8 +26,8 @@ def test_vectorised_greedy_equals_the_literal_walk(tree, seed, follow):
     packed = read_step(tree, *Verdict(torch.tensor(path), bonus).leaf(tree), torch.tensor(True))
     plain = read_verdict(tree, verdict)
     assert packed.ok and packed.path.tolist() == plain.path.tolist() == path
-    assert (packed.tokens, packed.ranks, packed.widths, packed.contiguous) == (
-        plain.tokens, plain.ranks, plain.widths, plain.contiguous)
+    assert (packed.tokens, packed.ranks, packed.widths, packed.contiguous, packed.children) == (
+        plain.tokens, plain.ranks, plain.widths, plain.contiguous, plain.children)
 
 
 def test_greedy_takes_the_argmax_child():

@@ -22,7 +22,7 @@ from specframe.decode.lockstep import build_trees
 from specframe.options import build_options
 from specframe.plugins import SINGULAR, get_registry
 from specframe.decode.kv_single import SingleKV
-from specframe.decode.read import StepRead, pack_step, unpack_step
+from specframe.decode.read import StepRead, pack_step, packed_size, unpack_step
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -331,7 +331,7 @@ class SpecDecoder:
                 emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
                 policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
                 other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
-                budget_cut=row.policy.max_budget - limit,
+                budget_cut=row.policy.max_budget - limit, accepted_children=read.children,
             )
             row.out.steps.append(stats)
             if limit > 1:  # a row switched off was not built: its policy has nothing to learn
@@ -396,7 +396,7 @@ class SpecDecoder:
         flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
         reads, at = [], 0
         for row, tree, limit, path in zip(rows, trees, limits, paths):
-            size = 2 + 4 * len(tree)
+            size = packed_size(len(tree))
             read = unpack_step(len(tree), flat[at : at + size], path)
             at += size
             if not read.ok:

@@ -1,9 +1,10 @@
 """What the host needs from one verified step, read back from the device in one transfer.
 
 On a GPU every ``int(tensor)`` waits for all queued kernels. The engine packs the accepted
-path, its tokens and ranks, the bonus token, the tree's widths and its validity flag into one
-tensor and reads it once per step; ``specframe.testing.reference.read_verdict`` is the plain
-reference that gets the same record from a host-side verdict.
+path, its tokens and ranks, the bonus token, the tree's widths, the number of children of the
+last accepted node and its validity flag into one tensor and reads it once per step;
+``specframe.testing.reference.read_verdict`` is the plain reference that gets the same record
+from a host-side verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class StepRead:
         ranks: draft rank of each accepted node (root excluded).
         widths: number of nodes at each depth.
         contiguous: the accepted nodes are 0..k-1, so the cache can be cropped, not gathered.
+        children: children of the last accepted node (the root when nothing was accepted);
+            0 where the accepted path ended at a leaf, so the next depth was never tested.
+            -1: not read.
     """
 
     ok: bool
@@ -34,6 +38,7 @@ class StepRead:
     ranks: list[int]
     widths: list[int]
     contiguous: bool
+    children: int = -1
 
 
 def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> StepRead:
@@ -42,10 +47,16 @@ def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     return unpack_step(len(tree), packed.tolist(), path)
 
 
+def packed_size(n: int) -> int:
+    """Ints in :func:`pack_step`'s record of an ``n``-node tree: flag, bonus, then path,
+    tokens, ranks and widths (``n`` each), then the last accepted node's child count."""
+    return 3 + 4 * n
+
+
 def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor,
               ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's record as one device tensor of ``2 + 4 n`` ints, and the path tensor (-1
-    padded) it lists; batched decoding concatenates the records of all sequences and reads
+    """The step's record as one device tensor of :func:`packed_size` ints, and the path tensor
+    (-1 padded) it lists; batched decoding concatenates the records of all sequences and reads
     them in one transfer (:func:`unpack_step` parses each slice)."""
     n = len(tree)
     on_path = tree.ancestor_mask()[last]
@@ -58,8 +69,10 @@ def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor,
     widths = torch.zeros(n, dtype=torch.long, device=tree.device)
     widths.scatter_add_(0, tree.depths.clamp(0, n - 1), torch.ones_like(tree.depths))
     safe = path.clamp(min=0)
+    # Whether the accepted path stopped at a leaf, counted where the tree lives and read with the rest.
+    children = (tree.parents == last).sum().reshape(1)
     packed = torch.cat([
-        ok.reshape(1).long(), bonus.reshape(1).long(), path, tree.tokens[safe], tree.ranks[safe], widths,
+        ok.reshape(1).long(), bonus.reshape(1).long(), path, tree.tokens[safe], tree.ranks[safe], widths, children,
     ])
     return packed, path
 
@@ -70,7 +83,8 @@ def unpack_step(n: int, packed: list[int], path: torch.Tensor) -> StepRead:
     nodes = packed[2 : 2 + length]
     tokens = packed[2 + n + 1 : 2 + n + length]
     ranks = packed[2 + 2 * n + 1 : 2 + 2 * n + length]
-    width_list = packed[2 + 3 * n :]
+    width_list = packed[2 + 3 * n : 2 + 4 * n]
     depth = max((d for d, w in enumerate(width_list) if w), default=0)
     return StepRead(ok=bool(packed[0]), path=path[:length], tokens=tokens + [packed[1]], ranks=ranks,
-                    widths=width_list[: depth + 1], contiguous=nodes == list(range(length)))
+                    widths=width_list[: depth + 1], contiguous=nodes == list(range(length)),
+                    children=int(packed[2 + 4 * n]))

@@ -2,10 +2,11 @@
 
 Sequoia (arXiv 2402.12374) shapes its tree from a[k], the probability that the k-th ranked child
 of a node on the accepted path is the accepted one. Here it is counted from answer records
-(``steps.accepted_ranks`` and ``steps.depth``, one entry per step):
+(``steps.accepted_ranks``, ``steps.depth`` and ``steps.accepted_children``, one entry per step):
 
 - ``reached[d]``: steps whose tree went at least d deep and whose accepted path reached depth
-  d - 1, i.e. the steps that put a node at depth d to the test;
+  d - 1 at a node with children, i.e. the steps that put a node at depth d to the test (a path
+  that ended at a leaf while the tree went deeper elsewhere tested nothing below it: no miss);
 - ``hits[d][k]``: those steps whose accepted node at depth d has rank k;
 - ``by_depth[d][k] = hits[d][k] / reached[d]`` and, pooled over depths (what Sequoia's DP
   takes, since its a[k] does not depend on depth), ``by_rank[k] = sum_d hits[d][k] / sum_d reached[d]``.
@@ -15,6 +16,9 @@ A step can test a rank only if its tree had a child of that rank: the *probe* me
 per node to ``depth`` over a recorded trace, so every rank below ``width`` is tested at every
 reached node. Counted from an ordinary run's steps, a rank the arm's policy rarely drafted is
 under-counted (a chain arm measures rank 0 only); the file says which of the two it holds.
+Records written before steps kept ``accepted_children`` cannot tell a leaf from a miss: their
+steps count every stop short of the tree's depth as a miss, as they always did, and
+``unmarked_leaves`` says how many steps were counted so (:func:`basis` words it).
 
 The file (``specframe acceptance ... --out acceptance.json``) is what the ``sequoia`` policy's
 ``acceptance`` option reads (its ``by_rank`` list), and :func:`fit_static_tree` turns it into
@@ -55,6 +59,8 @@ class Acceptance:
         reached: ``reached[d-1]`` = steps that tested a node at depth d.
         hits: ``hits[d-1][k]`` = steps whose accepted node at depth d has rank k.
         provenance: when and where it was measured (date, machine, commit, command).
+        unmarked_leaves: steps recorded without ``accepted_children`` (records older than the
+            column): where their accepted path ended at a leaf, the next depth counts a miss.
     """
 
     method: str
@@ -65,6 +71,7 @@ class Acceptance:
     reached: list[int]
     hits: list[list[int]]
     provenance: dict = field(default_factory=dict)
+    unmarked_leaves: int = 0
 
     @property
     def by_depth(self) -> list[list[float]]:
@@ -105,28 +112,26 @@ class Acceptance:
 
 
 def count_steps(step_columns: Iterable[dict], width: int | None = None) -> tuple[int, list[int], list[list[int]]]:
-    """``(steps, reached, hits)`` over answer records' ``steps`` columns (``depth``, ``accepted_ranks``).
+    """``(steps, reached, hits)`` over answer records' ``steps`` columns (``depth``,
+    ``accepted_ranks`` and, where recorded, ``accepted_children``).
 
     ``width`` fixes the ranks counted (larger ranks are dropped); None keeps every rank seen.
     Unknown ranks (-1, a drafter that does not rank) end the path there: what they hide is not
-    counted as a miss.
+    counted as a miss. Nor is the depth below a path that ended at a leaf (``accepted_children``
+    0); a step without the column (-1, or a record older than it) counts it as a miss.
     """
-    paths: list[tuple[int, list[int]]] = []
-    for cols in step_columns:
-        depths = cols.get("depth", [])
-        ranks = cols.get("accepted_ranks", [])
-        paths.extend((int(d), [int(k) for k in r]) for d, r in zip(depths, ranks))
+    paths = _step_paths(step_columns)
     if not paths:
         raise AcceptanceError("no recorded steps: the records hold no 'steps' (a baseline arm, or an empty run)")
-    max_depth = max(d for d, _ in paths)
-    seen = max((k for _, r in paths for k in r), default=0) + 1
+    max_depth = max(d for d, _, _ in paths)
+    seen = max((k for _, r, _ in paths for k in r), default=0) + 1
     width = int(width or seen)
     reached = [0] * max_depth
     hits = [[0] * width for _ in range(max_depth)]
-    for depth, ranks in paths:
+    for depth, ranks, children in paths:
         for d in range(depth):  # the node tested at depth d + 1
-            if d > len(ranks):
-                break
+            if d > len(ranks) or (d == len(ranks) and children == 0):
+                break  # past the path, or below a leaf: nothing was tested there
             reached[d] += 1
             if d == len(ranks):
                 break  # nothing accepted here: a miss for every rank
@@ -142,14 +147,46 @@ def count_steps(step_columns: Iterable[dict], width: int | None = None) -> tuple
     return len(paths), reached, hits
 
 
+def _step_paths(step_columns: Iterable[dict]) -> list[tuple[int, list[int], int]]:
+    """``(tree depth, accepted ranks, children of the last accepted node)`` per step; the
+    children are -1 (unknown) where the records have no ``accepted_children`` column."""
+    paths: list[tuple[int, list[int], int]] = []
+    for cols in step_columns:
+        depths = cols.get("depth", [])
+        ranks = cols.get("accepted_ranks", [])
+        children = cols.get("accepted_children") or [-1] * len(depths)
+        paths.extend((int(d), [int(k) for k in r], int(c)) for d, r, c in zip(depths, ranks, children))
+    return paths
+
+
+def unmarked_leaves(step_columns: Iterable[dict]) -> int:
+    """Steps without a known ``accepted_children`` (records written before the column)."""
+    return sum(1 for _, _, c in _step_paths(step_columns) if c < 0)
+
+
 def from_records(records: list[dict], arm: str, source: str, method: str = "recorded",
                  width: int | None = None, provenance: dict | None = None) -> Acceptance:
     """The acceptance of ``records`` (one arm's answer records)."""
     if method not in METHODS:
         raise AcceptanceError(f"method {method!r} is not one of {', '.join(METHODS)}")
-    steps, reached, hits = count_steps((r.get("steps", {}) for r in records), width)
+    columns = [r.get("steps", {}) for r in records]
+    steps, reached, hits = count_steps(columns, width)
     return Acceptance(method=method, arm=arm, source=source, width=len(hits[0]), steps=steps,
-                      reached=reached, hits=hits, provenance=dict(provenance or {}))
+                      reached=reached, hits=hits, provenance=dict(provenance or {}),
+                      unmarked_leaves=unmarked_leaves(columns))
+
+
+def basis(acc: Acceptance) -> str:
+    """What the counts rest on, in words: the probe's full trees, or an arm's own recorded
+    trees (and how many of those steps could not tell a leaf from a miss)."""
+    if acc.method == "probe":
+        return f"probe, {acc.steps} steps"
+    text = (f"counted from {acc.steps} recorded steps of the arm's own trees, where a rank its policy "
+            "rarely drafted is under-counted")
+    if acc.unmarked_leaves:
+        text += (f"; {acc.unmarked_leaves} of them were recorded without accepted_children, so an accepted "
+                 "path that ended at a leaf counts a miss at the next depth there (a[0] reads low)")
+    return text
 
 
 def provenance(command: str) -> dict:
@@ -211,6 +248,9 @@ def describe(acc: Acceptance, ranks: int = 6) -> str:
     fmt = lambda row: " ".join(f"{x:.3f}" for x in row[:ranks])  # noqa: E731
     lines = [f"{acc.method} acceptance of {acc.arm} over {acc.source}: {acc.steps} steps, width {acc.width}",
              f"by rank (Sequoia's a[k]): {fmt(acc.by_rank)}"]
+    if acc.unmarked_leaves:
+        lines.insert(1, f"{acc.unmarked_leaves} steps predate accepted_children: a path that ended at a leaf "
+                        "counts a miss at the next depth there (a[0] reads low)")
     for d, (row, r) in enumerate(zip(acc.by_depth, acc.reached), start=1):
         lines.append(f"depth {d} ({r} tested): {fmt(row)}")
     return "\n".join(lines)

@@ -70,7 +70,7 @@ def read_verdict(tree: DraftTree, verdict: Verdict) -> StepRead:
     nodes = path.tolist()
     return StepRead(ok=True, path=path, tokens=tree.tokens[path[1:]].tolist() + [int(verdict.bonus_token)],
                     ranks=tree.ranks[path[1:]].tolist(), widths=tree.width_per_depth(),
-                    contiguous=nodes == list(range(len(nodes))))
+                    contiguous=nodes == list(range(len(nodes))), children=len(tree.children(nodes[-1])))
 
 
 # ---------------------------------------------------------------------------- greedy

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from specframe.serving.acceptance import Acceptance, AcceptanceError, fit_static_tree, from_records
+from specframe.serving.acceptance import Acceptance, AcceptanceError, basis, fit_static_tree, from_records
 from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity, Ref
 
 #: Policies whose tree is fixed before decoding (a static tree serves them as they are).
@@ -16,6 +16,9 @@ STATIC_POLICIES = ("static", "sequoia")
 ADAPTIVE_POLICIES = ("talon", "eagle", "opt-tree", "sampled-tree")
 #: The drafter a policy's tree is drafted from needs ranked children (not a sampled tree).
 LOSSLESS_VERIFIERS = ("greedy", "sampling")
+#: What :meth:`ExportContext.measured` writes under ``provenance["fallback"]`` when it counts
+#: the run's own steps, and the fitted tree's fidelity statement quotes.
+FALLBACK = "no acceptance file was passed"
 
 
 @dataclass
@@ -56,12 +59,14 @@ class ExportContext:
         return cls(models=models, **kwargs)
 
     def measured(self, arm: Any) -> Acceptance | None:
-        """The acceptance passed in, else the one the arm's recorded steps show, else None."""
+        """The acceptance passed in, else the one the arm's recorded steps show, else None.
+        Counted from the steps, it says so: ``provenance["fallback"]`` is :data:`FALLBACK`, and
+        its ``unmarked_leaves`` how many steps predate the leaf column (see :func:`basis`)."""
         if self.acceptance is not None:
             return self.acceptance
         if self.records:
             try:
-                return from_records(self.records, arm.name, "recorded steps")
+                return from_records(self.records, arm.name, "recorded steps", provenance={"fallback": FALLBACK})
             except AcceptanceError:
                 return None
         return None
@@ -148,8 +153,10 @@ def static_paths(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int
     if acc is None:
         return None
     budget = tree_budget(policy, ctx)
+    fallback = acc.provenance.get("fallback")
+    source = f"{fallback}: {basis(acc)}" if fallback else basis(acc)
     fid.add(APPROXIMATED, f"the {policy.name} tree adapts each step; served as the static tree of {budget} nodes "
-            f"fitted to the acceptance measured for this arm ({acc.method}, {acc.steps} steps; Sequoia's DP)")
+            f"fitted to the acceptance measured for this arm ({source}; Sequoia's DP)")
     return fit_static_tree(acc, budget)
 
 

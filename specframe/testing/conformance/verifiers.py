@@ -150,7 +150,7 @@ class VerifierConformance(Conformance):
         assert (int(last), int(bonus)) == (int(again.accepted_path[-1]), again.bonus_token), (
             "verify took two different decisions from the same generator state")
         packed, plain = read_step(tree, last, bonus, torch.tensor(True)), read_verdict(tree, again)
-        fields = ("tokens", "ranks", "widths", "contiguous")
+        fields = ("tokens", "ranks", "widths", "contiguous", "children")
         assert packed.path.tolist() == plain.path.tolist() and all(
             getattr(packed, f) == getattr(plain, f) for f in fields), (
             f"the engine's packed read {packed} differs from the host reference {plain}")
