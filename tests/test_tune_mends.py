@@ -51,3 +51,20 @@ def test_recover_fails_the_dead_trials_through_the_public_api_and_enqueues_them_
     assert states == ["FAIL", "WAITING"]
     assert study.get_trials(deepcopy=False)[1].params == {} and \
         study.get_trials(deepcopy=False)[1].system_attrs["fixed_params"] == {"x": dead.params["x"]}
+
+
+def test_a_study_recorded_before_the_stratified_split_resumes_on_the_questions_it_searched(tmp_path):
+    import json
+
+    from specframe.tuning.study import INPUTS, TuneSettings, recorded_split
+
+    old = {"search": {"objective": "tau", "split": 0.5, "space": "all"}}  # inputs as recorded before
+    (tmp_path / INPUTS).write_text(json.dumps(old))
+    settings = recorded_split(tmp_path, TuneSettings(objective="tau"), fresh=False)
+    assert settings.split_by == "prefix"
+    assert settings.search() == old["search"]  # the recorded inputs still match: nothing refused
+    qs = _questions("aaaabbbb")
+    assert split_questions(qs, 0.5, settings.split_by)[0] == qs[: len(qs) // 2]
+    # A new directory, or --fresh, takes the stratified split and records it.
+    assert recorded_split(tmp_path, TuneSettings(), fresh=True).search()["split_by"] == "category"
+    assert recorded_split(tmp_path / "new", TuneSettings(), fresh=False).split_by == "category"

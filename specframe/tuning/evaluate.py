@@ -69,8 +69,15 @@ class Score:
                 for k, v in dataclasses.asdict(self).items()}
 
 
-def split_questions(questions: list[Question], split: float) -> tuple[list[Question], list[Question]]:
-    """``(searched, confirmation)``, stratified by category: each category gives the searched
+#: How the questions split into searched and confirmation ones: ``"category"`` (stratified, what
+#: a new tune uses) or ``"prefix"`` (the first share in file order: what studies recorded before
+#: the stratified split searched, so that resuming one keeps the questions its trials scored).
+SPLITS = ("category", "prefix")
+
+
+def split_questions(questions: list[Question], split: float,
+                    by: str = "category") -> tuple[list[Question], list[Question]]:
+    """``(searched, confirmation)``; ``by="category"``: stratified by category: each category gives the searched
     side its ``split`` share (its first questions in file order) and the confirmation side the
     rest, so a file sorted by category searches and confirms on the same categories. Each side
     holds at least one question (a tuned arm is never scored on the questions it was tuned on);
@@ -80,6 +87,11 @@ def split_questions(questions: list[Question], split: float) -> tuple[list[Quest
     if len(questions) < 2:
         raise ExperimentError(f"tune needs at least 2 questions (some searched, some kept for confirmation); "
                               f"the experiment has {len(questions)}")
+    if by not in SPLITS:
+        raise ExperimentError(f"split by {by!r} is not one of {', '.join(SPLITS)}")
+    if by == "prefix":
+        k = min(len(questions) - 1, max(1, round(split * len(questions))))
+        return questions[:k], questions[k:]
     groups: dict[str, list[int]] = {}
     for i, q in enumerate(questions):
         groups.setdefault(str(q.category), []).append(i)
@@ -103,10 +115,12 @@ class Evaluator:
 
     ``arms``: the arms to tune (built once here, so an arm that cannot replay is known before
     any trial runs; :attr:`refused` holds why). ``scratch``: a directory the replay may write
-    its bookkeeping into. ``threads``: torch threads (None keeps torch's)."""
+    its bookkeeping into. ``threads``: torch threads (None keeps torch's). ``split`` and
+    ``split_by``: :func:`split_questions`."""
 
     def __init__(self, config: ExperimentConfig, arms: list[ArmConfig], trace_dir: str | Path,
-                 curve: str | Path | None, split: float, scratch: str | Path, threads: int | None = None) -> None:
+                 curve: str | Path | None, split: float, scratch: str | Path, threads: int | None = None,
+                 split_by: str = "category") -> None:
         if threads:
             torch.set_num_threads(int(threads))
         trace = Trace.load(trace_dir)
@@ -125,7 +139,7 @@ class Evaluator:
         #: Arm name -> why it does not replay (left out of the tune).
         self.refused = {a.name: _reason(a, self.experiment.skipped) for a in arms
                         if a.name not in self.experiment.runners}
-        self.searched, self.confirmation = split_questions(self.experiment.questions(), split)
+        self.searched, self.confirmation = split_questions(self.experiment.questions(), split, split_by)
         self._ar: dict[str, float] = {}
 
     def evaluate(self, arm: ArmConfig, questions: list[Question],

@@ -20,7 +20,7 @@ import multiprocessing
 import shutil
 import warnings
 from concurrent.futures import ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,6 +49,9 @@ class TuneSettings:
     seed: int = 0
     workers: int = 1
     ray: str | None = None
+    #: :data:`~specframe.tuning.evaluate.SPLITS`; a directory's recorded studies keep theirs
+    #: (:func:`recorded_split`).
+    split_by: str = "category"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -58,7 +61,10 @@ class TuneSettings:
 
     def search(self) -> dict:
         """What the trials' values mean: a change makes them incomparable."""
-        return {"objective": self.objective, "split": self.split, "space": self.space}
+        search = {"objective": self.objective, "split": self.split, "space": self.space}
+        # A prefix split is what every study recorded before the stratified one searched: its
+        # inputs name no rule, and stay comparable.
+        return search if self.split_by == "prefix" else {**search, "split_by": self.split_by}
 
 
 @dataclass
@@ -108,6 +114,17 @@ def tune_fingerprint(config: ExperimentConfig, arms: list[ArmConfig], trace_dir:
             "arms": {a.name: {"definition": a.describe(),
                               "space": {k: d.describe() for k, d in arm_space(a, settings.space).items()}}
                      for a in arms}}
+
+
+def recorded_split(out_dir: Path, settings: TuneSettings, fresh: bool) -> TuneSettings:
+    """``settings`` with the split rule of the studies ``out_dir`` already holds: a directory
+    recorded before the stratified split searched the first share of the questions, and
+    resuming it must score new trials on the questions the old ones were scored on."""
+    file = out_dir / INPUTS
+    if fresh or not file.exists():
+        return settings
+    search = json.loads(file.read_text(encoding="utf-8")).get("search", {})
+    return replace(settings, split_by=search.get("split_by", "prefix"))
 
 
 def check_tune_dir(out_dir: Path, fingerprint: dict, fresh: bool) -> None:
@@ -235,7 +252,8 @@ def work(config: ExperimentConfig, arm: ArmConfig, trace_dir: str, curve: str | 
     """One worker process or Ray task: load the target, join the arm's study and run trials
     until it has enough; returns the study's finished trials."""
     out = Path(out_dir)
-    evaluator = Evaluator(config, [arm], trace_dir, curve, settings.split, out / "replay" / f"worker{worker}", threads=1)
+    evaluator = Evaluator(config, [arm], trace_dir, curve, settings.split, out / "replay" / f"worker{worker}", threads=1,
+                          split_by=settings.split_by)
     study = open_study(journal_storage(out / JOURNAL), arm, settings, worker)
     optimize(study, evaluator, arm, arm_space(arm, settings.space), settings)
     return finished(study)

@@ -19,7 +19,7 @@ from specframe.tuning.report import REPORT, markdown
 from specframe.tuning.space import arm_space, default_point
 from specframe.tuning.study import (
     JOURNAL, ArmResult, TuneSettings, arm_result, check_tune_dir, finished, journal_storage, open_study, optimize,
-    optuna_module, parallel, recover, tune_fingerprint,
+    optuna_module, parallel, recorded_split, recover, tune_fingerprint,
 )
 
 #: ``on_event(kind, arm, value)``: ``start`` (value: (finished, total)), ``trial`` (finished so
@@ -69,11 +69,13 @@ def run_tune(config_path: Path, trace_dir: Path, out_dir: Path, settings: TuneSe
     event = on_event or (lambda kind, arm, value: None)
     config = load_config(config_path)
     arms = select_arms(config, wanted)
-    fingerprint = tune_fingerprint(config, arms, trace_dir, curve, settings)
     with RunLock(out_dir):
+        settings = recorded_split(out_dir, settings, fresh)
+        fingerprint = tune_fingerprint(config, arms, trace_dir, curve, settings)
         check_tune_dir(out_dir, fingerprint, fresh)
         single = settings.workers == 1 and settings.ray is None
         evaluator = Evaluator(config, arms, trace_dir, curve, settings.split, out_dir / "replay" / "main",
+                              split_by=settings.split_by,
                               threads=config.threads if single else 1)
         for name, why in evaluator.refused.items():
             if wanted is not None:
