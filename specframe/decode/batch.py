@@ -192,7 +192,8 @@ class BatchDecoder:
         kv: Any = None
         try:
             while rows or waiting:
-                if not rows:  # idle: skip the clock to the next arrival, start a fresh batch
+                if not rows and (kv is None or due[waiting[0]] > time.perf_counter() - start):
+                    # The start, or idle: skip the clock to the next arrival, start a fresh batch.
                     at = time.perf_counter() - start
                     if not result.step_times or due[waiting[0]] > at:
                         at = due[waiting[0]]
@@ -200,6 +201,12 @@ class BatchDecoder:
                     kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
                     joining, waiting = self._arrived(waiting, due, width, start)
                     rows = self._begin(kv, call, joining, at)
+                    priced = 0
+                elif not rows:
+                    # Every row finished in one step and the next have arrived: they join this
+                    # batch, as in a closed-loop run (a replayed batch takes exactly these steps).
+                    joining, waiting = self._arrived(waiting, due, width, start)
+                    rows = self._join(kv, rows, joining, call, start)
                     priced = 0
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
