@@ -219,6 +219,8 @@ def shape_lines(out_dir: Path, names: list[str]) -> list[str]:
         means = [f"{part.mean():.2f}" if len(part) else "-" for part in (low, high)]
         lines.append(f"- {name}: mean depth {means[0]} where the root's top p < {median:.2f} (the median), "
                      f"{means[1]} above; depths {int(pts[:, 1].min())}-{int(pts[:, 1].max())} over {len(pts)} steps")
+    if not lines:
+        lines.append("- no talon arm with recorded root confidences")
     plot = out_dir / "plots" / "shape_confidence.png"
     lines.append(f"- plot: {plot}" if plot.exists() else "- no shape_confidence.png (no root confidences recorded)")
     return lines
