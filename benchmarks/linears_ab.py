@@ -19,6 +19,8 @@ process: :class:`HeldExperiment` keeps each target, its arms and their warm-up b
 so a chunk costs its answers only (re-running ``run_experiment`` per chunk would load both
 targets and warm every arm up again for every question). Each chunk checks that resuming with
 the larger limit computed only the new answers (every answer file holds each question once).
+The first chunk of each run also loads its target, builds its arms (an ``"auto"`` arm measures
+the cost curve of its linears there, refused on a busy machine) and warms them up, untimed.
 
 Crash-safe: the answers are the run's files, so running the same command again resumes where it
 stopped (``--fresh`` starts over). At the end each run's report is written
