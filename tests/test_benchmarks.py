@@ -62,3 +62,37 @@ def test_auto_sizing_reports_the_noise_of_arms_that_did_the_same_work(tmp_path):
     assert "spread 20.0%" in line and "auto = 95.0% of their mean (11.0)" in line
     (line,) = auto_sizing.noise_lines(arms, groups, "auto", "c")  # the best arm did other work
     assert "spread 20.0%" in line and "of their mean" not in line
+
+
+def test_linears_ab_runs_both_linears_interleaved_in_one_table(tmp_path):
+    """Both runs written, every arm in the table once per linears, 0 mismatches against the AR of
+    its own linears, and the second question computed alone (the resume the script relies on).
+    Holds where bf16 falls back to float32 (the label says so there)."""
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "linears_ab.py"), str(ROOT / "examples" / "demo-tiny.toml"),
+                           "--out", str(tmp_path / "ab"), "--limit", "2", "--max-new-tokens", "8",
+                           "--arms", "chain,eagle3+talon"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for linears in ("float32", "bf16"):
+        assert json.loads((tmp_path / "ab" / linears / "run.json").read_text())["linears"].startswith(("bf16", "float32"))
+        assert (tmp_path / "ab" / linears / "summary.json").exists()
+    chunks = [line for line in proc.stdout.splitlines() if line.startswith("chunk ")]
+    assert len(chunks) == 2 and chunks[1].count("3 computed, 3 reused") == 2, chunks
+    text = (tmp_path / "ab" / "table.md").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| arm ")]
+    assert sorted(r[0] for r in rows) == sorted(["autoregressive", "chain", "eagle3+talon"] * 2)
+    assert all(r[5] == "0/2" for r in rows), rows
+    assert all(r[6] != "-" for r in rows[1::2]) and all(r[6] == "-" for r in rows[0::2])
+    assert "shape_confidence.png" in text
+
+
+def test_linears_ab_resumes_at_the_questions_a_run_already_has():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import linears_ab
+    finally:
+        sys.path.pop(0)
+    assert linears_ab.chunk_limits(0, 5, 2) == [2, 4, 5]
+    assert linears_ab.chunk_limits(3, 7, 2) == [3, 5, 7]  # a run may lag at 3 after a crash
+    assert linears_ab.chunk_limits(4, 4, 1) == [4]
