@@ -199,13 +199,13 @@ class BatchDecoder:
                         at = due[waiting[0]]
                         start = time.perf_counter() - at
                     kv = self.kv_factory(dec.target, self.layout, reserve=max_new_tokens + 1)
-                    joining, waiting = self._arrived(waiting, due, width, start)
+                    joining, waiting = arrived(waiting, due, width, start)
                     rows = self._begin(kv, call, joining, at)
                     priced = 0
                 elif not rows:
                     # Every row finished in one step and the next have arrived: they join this
                     # batch, as in a closed-loop run (a replayed batch takes exactly these steps).
-                    joining, waiting = self._arrived(waiting, due, width, start)
+                    joining, waiting = arrived(waiting, due, width, start)
                     rows = self._join(kv, rows, joining, call, start)
                     priced = 0
                 if curves is not None and len(rows) != priced:
@@ -217,7 +217,7 @@ class BatchDecoder:
                 t1 = time.perf_counter()
                 self._record(result, t1 - t0, t1 - start, live, kv.last_rows, fresh)
                 if rows and waiting and len(rows) < width:
-                    joining, waiting = self._arrived(waiting, due, width - len(rows), start)
+                    joining, waiting = arrived(waiting, due, width - len(rows), start)
                     if joining:
                         rows += self._join(kv, rows, joining, call, start)
                         priced = 0  # the newcomers' policies (reset) are priced at the new shape
@@ -238,15 +238,6 @@ class BatchDecoder:
         if any(a < 0 for a in due) or any(b < a for a, b in zip(due, due[1:])):
             raise ValueError("arrivals must be non-negative seconds in non-decreasing order")
         return due
-
-    @staticmethod
-    def _arrived(waiting: list[int], due: Sequence[float], room: int, start: float) -> tuple[list[int], list[int]]:
-        """The first ``room`` waiting prompts that have arrived by now, and those still waiting."""
-        now = time.perf_counter() - start
-        count = 0
-        while count < min(room, len(waiting)) and due[waiting[count]] <= now:
-            count += 1
-        return waiting[:count], waiting[count:]
 
     @staticmethod
     def _record(result: BatchOutput, spent: float, at: float, live: int, computed: int, fresh: list[int]) -> None:
@@ -332,6 +323,17 @@ class _Call:
     generators: list[torch.Generator | None]
     result: BatchOutput
     score: bool
+
+
+def arrived(waiting: list[int], due: Sequence[float], room: int, start: float) -> tuple[list[int], list[int]]:
+    """The first ``room`` of the ``waiting`` prompts (indices into ``due``, their arrival seconds
+    after ``start``) that have arrived by now, and those still waiting; open-loop batching's
+    admission rule (shared by :class:`BatchDecoder` and the load benchmark's baseline)."""
+    now = time.perf_counter() - start
+    count = 0
+    while count < min(room, len(waiting)) and due[waiting[count]] <= now:
+        count += 1
+    return waiting[:count], waiting[count:]
 
 
 def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens: int = 128,

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specframe.decode.batch import BatchDecoder, BatchOutput
+from specframe.decode.batch import BatchDecoder, BatchOutput, arrived
 from specframe.decode.engine import GenerationOutput
 from specframe.decode.kv_flat import make_batch_kv
 from specframe.tree import DraftTree
@@ -81,7 +81,7 @@ def serve_autoregressive(target: Any, prompts: Sequence[Sequence[int]], arrivals
                 at = arrivals[waiting[0]]
                 start = time.perf_counter() - at
             kv = make_batch_kv(target, layout, reserve=max_new_tokens + 1)
-            live, waiting = _arrived(waiting, arrivals, max_live, start)
+            live, waiting = arrived(waiting, arrivals, max_live, start)
             kv.prefill([torch.tensor(ids[i][:-1], dtype=torch.long) for i in live])
             for i in live:
                 out.joined[i] = at
@@ -110,7 +110,7 @@ def serve_autoregressive(target: Any, prompts: Sequence[Sequence[int]], arrivals
         out.step_live.append(len(live))
         live, last = still, kept
         if live and waiting and len(live) < max_live:
-            joining, waiting = _arrived(waiting, arrivals, max_live - len(live), start)
+            joining, waiting = arrived(waiting, arrivals, max_live - len(live), start)
             if joining:
                 at = time.perf_counter() - start
                 kv.join([torch.tensor(ids[i][:-1], dtype=torch.long) for i in joining])
@@ -120,12 +120,3 @@ def serve_autoregressive(target: Any, prompts: Sequence[Sequence[int]], arrivals
                 last += [ids[i][-1] for i in joining]
     out.wall_time = time.perf_counter() - start
     return from_batch(out, arrivals)
-
-
-def _arrived(waiting: list[int], arrivals: Sequence[float], room: int, start: float) -> tuple[list[int], list[int]]:
-    """The first ``room`` waiting requests that have arrived by now, and those still waiting."""
-    now = time.perf_counter() - start
-    count = 0
-    while count < min(room, len(waiting)) and arrivals[waiting[count]] <= now:
-        count += 1
-    return waiting[:count], waiting[count:]
