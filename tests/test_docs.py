@@ -130,7 +130,7 @@ def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     commands = module.readme_commands(README.read_text(encoding="utf-8"))
-    assert commands["test"] == "HYPOTHESIS_PROFILE=ci python -m pytest -q -n auto"
+    assert commands["test"] == "HYPOTHESIS_PROFILE=ci python -m pytest -q -n auto --dist worksteal"
     assert commands["setup"].startswith("pip install torch==") and "pip install -e '.[" in commands["setup"]
     ci = (DOCS.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m venv --clear" in ci.replace("python3", "python")
