@@ -12,7 +12,9 @@ the cache holds are cleared, and nothing reaches the model hub.
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
+import pytest
 import torch
 
 from specframe.testing.profiles import register_profiles
@@ -24,11 +26,22 @@ torch.set_num_threads(1)
 register_profiles()
 
 
+#: How the session's cache folder is named (a parallel worker reuses its controller's).
+CACHE_PREFIX = "specframe-test-cache-"
+
+
 def pytest_configure(config):
-    """Point the specframe cache at a new folder (subprocesses inherit it) and go offline."""
-    cache = tempfile.mkdtemp(prefix="specframe-test-cache-")
-    config._specframe_test_cache = cache
-    os.environ["SPECFRAME_CACHE"] = cache
+    """Point the specframe cache at a new folder (subprocesses inherit it) and go offline.
+
+    Under pytest-xdist the controller makes the folder and its workers, which inherit its
+    environment, share it: a model converted or a cost curve measured by one worker is reused by
+    the others (conversions hold a lock, and every cache write renames a file of its own), and
+    only the controller removes it."""
+    inherited = os.environ.get("SPECFRAME_CACHE", "")
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and Path(inherited).name.startswith(CACHE_PREFIX)):
+        cache = tempfile.mkdtemp(prefix=CACHE_PREFIX)
+        config._specframe_test_cache = cache
+        os.environ["SPECFRAME_CACHE"] = cache
     os.environ["HF_HUB_OFFLINE"] = "1"
     # Tiny models' sub-millisecond forwards spread with any load and say nothing about the
     # machine: the suite's curves are never refused as measured on a busy machine.
@@ -42,3 +55,23 @@ def pytest_unconfigure(config):
     cache = getattr(config, "_specframe_test_cache", None)
     if cache:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+#: The files whose tests take longest (``--durations``: each holds tests of 20-80 s on a 2-core
+#: machine), slowest first. They run first, so that parallel workers (``-n auto --dist
+#: worksteal``) end on short tests and finish together instead of one waiting on a long test
+#: started last. Order only: a file missing here runs after them, in collection order.
+SLOW_FIRST = (
+    "test_lossless.py", "test_sampling_distribution.py", "test_fault_injection.py", "test_smollm2.py",
+    "test_conformance_example_plugin.py", "test_hardening.py", "test_benchmarks.py", "test_tune.py",
+    "test_replay_cli.py", "test_compile.py", "test_demo_pair.py", "test_docs.py", "test_eagle.py",
+    "test_conformance_builtins.py", "test_conformance_pytester.py", "test_batch.py", "test_engines.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Put :data:`SLOW_FIRST`'s files first; a stable sort keeps each file's tests together and in
+    order (its module fixtures are built once per worker)."""
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

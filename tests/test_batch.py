@@ -25,7 +25,9 @@ from specframe.testing.profiles import profile_examples
 EXAMPLES = max(3, profile_examples() // 2)
 MAX_NEW = 10
 POLICIES = get_registry().names("policies")
-DRAFTERS = get_registry().names("drafters")
+#: Every policy holds the batch property (a third party's at its declared defaults); the drafters are
+#: the built-ins, which default_drafter knows how to build on the tiny target without a checkpoint.
+DRAFTERS = get_registry().names("drafters", dist="specframe")
 
 
 def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:

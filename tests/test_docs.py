@@ -130,13 +130,17 @@ def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     commands = module.readme_commands(README.read_text(encoding="utf-8"))
-    assert commands["test"] == "HYPOTHESIS_PROFILE=ci python -m pytest -q"
+    assert commands["test"] == "HYPOTHESIS_PROFILE=ci python -m pytest -q -n auto --dist worksteal"
     assert commands["setup"].startswith("pip install torch==") and "pip install -e '.[" in commands["setup"]
     ci = (DOCS.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m venv --clear" in ci.replace("python3", "python")
     assert commands["install"] + " && specframe demo" == commands["setup"]
     assert "readme_commands.py install" in ci and "readme_commands.py test" in ci
-    assert "pip install -e" not in ci, ".ci/run installs the project only through the README's line"
+    # the tutorial's plugin too, as the README installs it: CI runs on a plugin author's machine
+    assert commands["plugin"] == "pip install -e docs/examples/specframe-widetree"
+    assert "readme_commands.py plugin" in ci
+    assert ci.index('bash -c "$install"') < ci.index('bash -c "$plugin"') < ci.index('bash -c "$tests"')
+    assert "pip install -e" not in ci, ".ci/run installs the project and the plugin only through the README's lines"
 
 
 def _demo_shape(path: Path) -> str:

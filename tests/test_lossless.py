@@ -32,7 +32,7 @@ def _reference(model, prompt, max_new_tokens, eos):
 
 def _drafter_specs(draft):
     specs = [("model", {"model": draft})]
-    names = specframe.get_registry().names("drafters")
+    names = specframe.get_registry().names("drafters", dist="specframe")  # built here with built-in options
     if "ngram" in names:
         specs.append(("ngram", {}))
     if "eagle" in names and "eagle3" in names:

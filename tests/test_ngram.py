@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import specframe
 from specframe.drafters.ngram import NgramDrafter, NgramDrafterOptions, reference_distribution
 from specframe.options import OptionError, build_options
+from specframe.testing.fixtures import is_builtin
 from specframe.testing.harness import chain_tree
 from specframe.testing.harness import row_probs as probs
 from specframe.testing.models import tiny_model
@@ -218,8 +219,10 @@ BUDGET = 30  # smaller than the default 60 to keep the file fast; trees still br
 
 
 def _policy_options(name: str) -> dict:
-    """Options for ``name``: the overrides above, plus a smaller budget where there is one."""
+    """Options for a built-in ``name``: the overrides above, plus a smaller budget where there is one."""
     options = dict(POLICY_OPTIONS.get(name, {}))
+    if not is_builtin("policies", name):
+        return {}  # a third party's policy: its declared defaults
     fields = {f.name for f in dataclasses.fields(specframe.get_registry().get("policies", name).Options)}
     if "budget" in fields:
         options.setdefault("budget", BUDGET)

@@ -64,6 +64,9 @@ def _generate_with(policy):
 def test_entry_point_plugin_is_listed_and_usable(tmp_path, monkeypatch, fresh_registry):
     _install_throwaway_distribution(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # the built-ins and this distribution, whatever else the environment holds (a plugin author's
+    # own, the tutorial's): the last assertion below counts every registered name
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "specframe,throwaway-dist")
     result = CliRunner().invoke(cli, ["plugins"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "one-step" in result.output and "throwaway-dist" in result.output and "0.3" in result.output

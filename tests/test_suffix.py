@@ -18,7 +18,7 @@ from specframe.drafters.suffix import SuffixDrafter, SuffixDrafterOptions
 from specframe.drafters.suffix_tree import SuffixTree
 from specframe.options import OptionError, build_options
 from specframe.testing.conformance import DrafterConformance
-from specframe.testing.fixtures import SUFFIX_EMPTY_ROWS
+from specframe.testing.fixtures import SUFFIX_EMPTY_ROWS, is_builtin
 from specframe.testing.harness import chain_tree, greedy_reference
 from specframe.testing.harness import row_probs as probs
 from specframe.testing.models import tiny_model
@@ -252,6 +252,8 @@ MAX_NEW = 40
 
 def _policy_options(name: str) -> dict:
     options = {"gamma": 5} if name == "chain" else {}
+    if not is_builtin("policies", name):
+        return {}  # a third party's policy: its declared defaults
     fields = {f.name for f in dataclasses.fields(specframe.get_registry().get("policies", name).Options)}
     if "budget" in fields:
         options.setdefault("budget", BUDGET)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,9 @@ def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: t
     path = where / f"{key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # one temporary name per process: two processes sharing the cache (parallel test workers,
+        # two runs) may write the same file at once, and each must rename a whole file of its own
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         tmp.write_text(json.dumps({"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds},
                                   indent=1), encoding="utf-8")
         tmp.replace(path)

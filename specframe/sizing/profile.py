@@ -327,7 +327,9 @@ def save(curve: CostCurve) -> Path:
     where = cache_dir()
     path = where / f"{curve.key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    # one temporary name per process: two processes sharing the cache (parallel test workers,
+    # two runs) may write the same file at once, and each must rename a whole file of its own
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(curve.to_json(), encoding="utf-8")
     tmp.replace(path)
     _MEMO[where, curve.key] = curve

@@ -150,12 +150,21 @@ BUILTIN_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 SEQUOIA_TEST_ACCEPTANCE = (0.55, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01)
 
 
+def is_builtin(kind: str, name: str) -> bool:
+    """Whether ``name`` of ``kind`` is one of specframe's own plugins (the ``specframe``
+    distribution's), not a third party's installed beside them."""
+    from specframe.plugins import get_registry
+
+    return name in get_registry().names(kind, dist="specframe")
+
+
 def fixed_policy_spec(name: str) -> Any:
     """A built-in policy at a fixed size, as the engine tests decode it: budget 6 (the fixed-shape
     ``chain`` and ``static`` at their defaults, ``sequoia`` at its defaults with
     :data:`SEQUOIA_TEST_ACCEPTANCE`), ``sampled-tree`` seeded so that a solo and a batched row
-    draw alike."""
-    if name in ("chain", "static"):
+    draw alike. A third party's policy gets the options its own declared defaults give: these
+    settings are the built-ins', and another policy need not take a ``budget`` at all."""
+    if name in ("chain", "static") or not is_builtin("policies", name):
         return name
     if name == "sequoia":
         return (name, {"acceptance": list(SEQUOIA_TEST_ACCEPTANCE)})
