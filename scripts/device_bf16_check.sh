@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bf16 linears on a lent machine, in one go and under 5 minutes, offline: what the CPU
+# The bf16 linears on another machine (an AMX Xeon, say), in one go and under 5 minutes, offline: what the CPU
 # offers, which kernel paths run, the kernel's tests (row invariance and agreement on every path
 # this CPU has; the others skip naming the feature), whether AMX sums a pair in the order Intel
 # documents, and the float32-native against bf16 benchmark on SmolLM2-135M pinned to 2 threads.

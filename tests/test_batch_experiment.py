@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from specframe.decode.allocate import allocator_classes
 from specframe.experiments.config import ConfigError, load_config
 from specframe.experiments.experiment import run_experiment
 from specframe.experiments.runs import read_answers
@@ -73,8 +74,11 @@ def test_batched_run_answers_like_the_unbatched_one(tmp_path):
 
 
 def test_batched_runs_refuse_what_cannot_batch(tmp_path):
-    with pytest.raises(ConfigError, match="batch_allocator 'nope' is not one of acceptance, equal, shared"):
+    with pytest.raises(ConfigError, match="batch_allocator 'nope' is not one of ") as refused:
         load_config(write(tmp_path, 'batch_size = 2\nbatch_allocator = "nope"', "bad"))
+    named = str(refused.value).rsplit("is not one of ", 1)[1].split(", ")
+    assert sorted(named) == sorted(allocator_classes())  # every valid one, whatever plugins add
+    assert {"equal", "shared", "acceptance"} <= set(named)
     with pytest.raises(ConfigError, match="arms \\['hf-prompt-lookup'\\] are baselines that do not batch"):
         load_config(write(tmp_path, "batch_size = 2", "bad2", '\n[[arm]]\nbaseline = "hf-prompt-lookup"\n'))
     with pytest.raises(Exception, match="has 2 turns; batched runs take single-turn questions only"):
