@@ -126,12 +126,16 @@ class GoodputOptions(AllocatorOptions):
     Attributes:
         window: how many of a sequence's recent speculative steps estimate its acceptance.
         prior: the acceptance rate assumed for a sequence that has not speculated yet.
+        prior_weight: how many tries the prior counts as beside the measured ones, so one
+            rejected step does not switch a sequence off for good (a sequence that never
+            speculates again never measures again).
         cache_len: the context length the cost curve is read at (tokens).
         draft_cost: also charge each row's measured drafting and building time per node.
     """
 
     window: int = 8
     prior: float = 0.6
+    prior_weight: float = 2.0
     cache_len: int = 256
     draft_cost: bool = True
 
@@ -140,19 +144,22 @@ class GoodputOptions(AllocatorOptions):
             raise ValueError(f"window must be >= 1 (steps), got {self.window!r}")
         if not 0.0 <= float(self.prior) < 1.0:
             raise ValueError(f"prior must be an acceptance rate in [0, 1), got {self.prior!r}")
+        if float(self.prior_weight) < 0:
+            raise ValueError(f"prior_weight must be >= 0 (tries), got {self.prior_weight!r}")
         if int(self.cache_len) < 1:
             raise ValueError(f"cache_len must be >= 1 (tokens), got {self.cache_len!r}")
 
 
-def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float) -> float:
+def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float, weight: float = 0.0) -> float:
     """A row's per-token acceptance rate from its last ``window`` speculative steps: accepted
     tokens over tries, a try being each accepted token plus the rejection that ended a step
-    short of its tree's depth (the geometric model's estimate); ``prior`` without such steps."""
+    short of its tree's depth (the geometric model's estimate), with ``prior`` counted as
+    ``weight`` tries beside them (a Beta prior's mean); ``prior`` without such steps."""
     spec = [s for s in steps if s.tree_size > 1][-window:]
     tries = sum(s.accepted + (1 if s.accepted < s.depth else 0) for s in spec)
-    if tries == 0:
+    if tries + weight == 0:
         return prior
-    return min(sum(s.accepted for s in spec) / tries, 0.999)
+    return min((sum(s.accepted for s in spec) + prior * weight) / (tries + weight), 0.999)
 
 
 def node_cost(steps: Sequence[StepStats], window: int) -> float:
@@ -226,7 +233,7 @@ class Goodput(BatchAllocator):
         if self.curves is None:
             return _all_on(caps, total)
         o = self.options
-        alphas = [acceptance_rate(h, int(o.window), float(o.prior)) for h in history]
+        alphas = [acceptance_rate(h, int(o.window), float(o.prior), float(o.prior_weight)) for h in history]
         costs = [node_cost(h, int(o.window)) if o.draft_cost else 0.0 for h in history]
         price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps))
         return goodput_budgets(alphas, costs, caps, total, price)

@@ -126,9 +126,19 @@ def test_goodput_speculates_deep_when_nodes_are_cheap_and_not_at_all_when_dear()
 
 
 def test_goodput_gives_the_row_that_accepts_the_tree():
-    hist = [[stats(5, 4, 4)] * 4, [stats(5, 4, 0)] * 4]
+    hist = [[stats(5, 4, 4)] * 8, [stats(5, 4, 0)] * 8]
     sizes = goodput(lambda n: 1.0 + 0.05 * n).budgets([8, 8], hist, 16)
-    assert sizes[0] > 1 and sizes[1] == 1
+    assert sizes[0] == 8 and sizes[1] <= 2  # the rejecting row keeps at most a probe node
+
+
+def test_goodput_keeps_a_row_on_after_one_rejected_step_where_trees_are_cheap():
+    # A sequence whose first speculative step was rejected has measured almost nothing: with
+    # nodes that cost 1% of a step it must keep drafting (an estimate of 0 would switch it off
+    # for good, since a row that never speculates never measures again).
+    once = [[stats(5, 4, 0)]]
+    assert goodput(lambda n: 1.0 + 0.01 * n).budgets([5], once, 5)[0] > 1
+    # Steps rejected again and again still switch it off where nodes are dear.
+    assert goodput(lambda n: 1.0 + 0.5 * n).budgets([5], [[stats(5, 4, 0)] * 8], 5) == [1]
 
 
 @pytest.mark.parametrize("name", ["threshold", "schedule", "goodput"])
