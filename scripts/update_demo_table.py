@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- demo-table:start[^>]*-->\n).*?(<!-- demo-table:end -->)", re.S)
-SHOWS = ("the demo's summary table (`examples/demo.toml`: SmolLM2-135M-Instruct, float32, packed linears, "
+SHOWS = ("the demo's summary table (`examples/demo.toml`: SmolLM2-135M-Instruct, {linears} linears, "
          "2 threads); the same table is in the README")
 
 
@@ -33,6 +33,14 @@ def overall_table(run_dir: Path) -> str:
             break  # the first table only: per-category tables follow
         rows.append(line)
     return "\n".join(rows)
+
+
+def linears_of(run_dir: Path) -> str:
+    """What ran the target's linears, as the run's run.json names it (older runs: float32)."""
+    import json
+
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    return str(run.get("linears") or run.get("settings", {}).get("linears") or "float32")
 
 
 def cpu_model() -> str:
@@ -71,6 +79,7 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path, help="the demo's output directory (default ./specframe-demo)")
     parser.add_argument("--note", default="", help="how loaded the machine was, e.g. 'otherwise idle'")
     parser.add_argument("--commit", default=None, help="the commit the demo ran on (default: HEAD)")
+    parser.add_argument("--command", default="specframe demo --fresh", help="the command that made RUN_DIR")
     args = parser.parse_args()
     table = overall_table(args.run_dir)
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
@@ -80,8 +89,8 @@ def main() -> None:
     replace_block(ROOT / "README.md",
                   f"One `specframe demo --fresh` run, {date}, commit `{commit}`, on {where}:\n\n{table}")
     replace_block(ROOT / "docs" / "results.md",
-                  f"- Date: {date}\n- Machine: {where}\n- Commit: `{commit}`\n- Command: `specframe demo --fresh`\n"
-                  f"- Shows: {SHOWS}\n\n{table}")
+                  f"- Date: {date}\n- Machine: {where}\n- Commit: `{commit}`\n- Command: `{args.command}`\n"
+                  f"- Shows: {SHOWS.format(linears=linears_of(args.run_dir))}\n\n{table}")
     print(f"README.md and docs/results.md now show the run of {date} (commit {commit}) on {where}")
 
 
