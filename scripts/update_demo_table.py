@@ -87,7 +87,7 @@ def main() -> None:
                                            capture_output=True, text=True, check=True).stdout.strip()
     where = machine(args.note)
     replace_block(ROOT / "README.md",
-                  f"One `specframe demo --fresh` run, {date}, commit `{commit}`, on {where}:\n\n{table}")
+                  f"One `{args.command}` run, {date}, commit `{commit}`, on {where}:\n\n{table}")
     replace_block(ROOT / "docs" / "results.md",
                   f"- Date: {date}\n- Machine: {where}\n- Commit: `{commit}`\n- Command: `{args.command}`\n"
                   f"- Shows: {SHOWS.format(linears=linears_of(args.run_dir))}\n\n{table}")
