@@ -89,16 +89,13 @@ def plugins_command() -> None:
 
 def _allocators_table() -> Any:
     """The batch allocators (``register_batch_allocators``) with their module and options."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    from specframe.decode.allocate import allocator_classes
+    from specframe.decode.allocate import describe_allocators
 
-    table = Table(title="batch allocators", show_lines=False)
-    for col in ("name", "module", "options (default)"):
-        table.add_column(col, overflow="fold")
-    for name, cls in sorted(allocator_classes().items()):
-        opts = ", ".join(f"{n}: {t} = {d!r}" for n, t, d in describe_options(cls.Options)) or "-"
-        table.add_row(name, cls.__module__, opts)
+    table = Table(*(Column(c, overflow="fold") for c in ("name", "module", "options (default)")), title="batch allocators")
+    for row in describe_allocators():
+        table.add_row(*row)
     return table
 
 

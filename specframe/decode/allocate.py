@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from specframe.interfaces import StepStats
-from specframe.options import build_options
+from specframe.options import build_options, describe_options
 from specframe.tree import DraftTree
 
 
@@ -137,3 +137,10 @@ def check_allocation(allocator: BatchAllocator, caps: Sequence[int], history: Se
         tree.check_valid(len(before))
         assert int(tree.tokens[0]) == int(before.tokens[0]), f"allocator {name!r}: sequence {b} lost its root"
     return trees
+
+
+def describe_allocators() -> list[tuple[str, str, str]]:
+    """``(name, module, options with their defaults)`` of every registered batch allocator, by
+    name: what ``specframe plugins`` lists."""
+    return [(name, cls.__module__, ", ".join(f"{n}: {t} = {d!r}" for n, t, d in describe_options(cls.Options)) or "-")
+            for name, cls in sorted(allocator_classes().items())]
