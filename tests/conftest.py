@@ -66,6 +66,8 @@ SLOW_FIRST = (
     "test_conformance_example_plugin.py", "test_hardening.py", "test_benchmarks.py", "test_tune.py",
     "test_replay_cli.py", "test_compile.py", "test_demo_pair.py", "test_docs.py", "test_eagle.py",
     "test_conformance_builtins.py", "test_conformance_pytester.py", "test_batch.py", "test_engines.py",
+    "test_sharded_run.py", "test_sharded_record.py", "test_ray_tune_sweep.py", "test_load.py",
+    "test_recorded_outputs.py", "test_suite_with_a_plugin.py",
 )
 
 

@@ -10,7 +10,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path)],
+    # --skip-compile: its check (a compiled talon target decodes the eager tokens) is the property
+    # tests/test_compile.py asserts, and torch.compile took two thirds of this test's time.
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--smoke", "--skip-compile",
+                           "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_suite_smoke.json").read_text())
@@ -24,7 +27,7 @@ def test_gpu_suite_smoke_writes_json_and_summary(tmp_path):
     assert all(m["mismatches"] in (0, None) for m in arms.values())
     assert set(result["projection"]) <= {"chain", "eagle", "talon"} and result["projection"]
     assert set(result["engine_paths"]) == {"reference", "fast"}
-    assert result["compile"]["same_tokens"] is True, result["compile"]
+    assert result["compile"] == {}
     assert "PROJECTED" in (tmp_path / "gpu_suite_smoke.txt").read_text()
 
 
