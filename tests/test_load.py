@@ -4,11 +4,9 @@ cheap switch, and a whole run's cells, summary and resume (tiny models, no timin
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from specframe.decode.allocate import check_allocation, make_allocator
 from specframe.decode.batch import BatchDecoder
@@ -183,7 +181,6 @@ def test_percentiles_and_summary_names():
 
 def test_load_run_writes_cells_summary_and_plots_and_resumes(tmp_path, monkeypatch):
     from specframe.experiments.config import load_config
-    from specframe.experiments.load import run as load_run
     from specframe.experiments.load.run import LoadRun
 
     example = Path(__file__).resolve().parents[1] / "examples"

@@ -27,7 +27,6 @@ comparisons. A forced path the CPU lacks is an error naming the feature.
 from __future__ import annotations
 
 import os
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType

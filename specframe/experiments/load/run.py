@@ -21,7 +21,7 @@ from specframe.experiments.loading import ModelPool, load_tokenizer
 from specframe.experiments.runners import build_runner
 from specframe.experiments.load.arrivals import arrival_times
 from specframe.experiments.load.metrics import summarize
-from specframe.experiments.load.serve import Served, serve_autoregressive, serve_speculative
+from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
 from specframe.experiments.load.store import cell_path, done_cell, read_json, write_json
 

@@ -20,7 +20,7 @@ import ast
 from typing import Any
 
 from specframe.serving.engines.common import (
-    ADAPTIVE_POLICIES, STATIC_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
+    ADAPTIVE_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
     option_values, policy_depth, static_paths, verifier_fidelity, verifier_name,
 )
 from specframe.serving.engines.fidelity import (

@@ -113,8 +113,6 @@ class Conformance:
 
 def options_text(plugin: Any) -> str:
     """``budget=60, mu=0.03``: a plugin's option values, for messages."""
-    import dataclasses
-
     opts = getattr(plugin, "options", None)
     if opts is None or not dataclasses.is_dataclass(opts):
         return "default options"
