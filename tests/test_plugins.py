@@ -8,35 +8,7 @@ import specframe
 from specframe import plugins
 from specframe.cli import cli
 from specframe.testing.models import tiny_model
-
-PLUGIN_SOURCE = '''
-from dataclasses import dataclass
-import torch
-import specframe
-
-
-@dataclass
-class OneStepOptions(specframe.BudgetOptions):
-    """Options of the throw-away policy."""
-    budget: int = 2
-
-
-class OneStepPolicy(specframe.TreePolicy):
-    """Drafts exactly one token: the drafter's top-1 child of the root."""
-    name = "{name}"
-    Options = OneStepOptions
-
-    def build(self, session, budget):
-        tree = session.new_tree()
-        logp = session.expand(tree, [0])[0]
-        tok = int(logp.argmax())
-        return tree.add_nodes(torch.tensor([0]), torch.tensor([tok]), logp[tok:tok + 1])
-
-
-@specframe.hookimpl
-def register_tree_policies(register):
-    register(OneStepPolicy)
-'''
+from plugin_sources import POLICY_SOURCE, install_distribution
 
 
 @pytest.fixture
@@ -48,11 +20,7 @@ def fresh_registry(monkeypatch):
 
 def _install_throwaway_distribution(tmp_path, name="one-step"):
     """A minimal installed distribution (dist-info + module) exposing a `specframe` entry point."""
-    (tmp_path / "throwaway_plugin.py").write_text(PLUGIN_SOURCE.format(name=name))
-    info = tmp_path / "throwaway_dist-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: throwaway-dist\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text("[specframe]\nonestep = throwaway_plugin\n")
+    install_distribution(tmp_path, name, "throwaway-dist", "0.3", "throwaway_plugin", "onestep")
 
 
 def _generate_with(policy):
@@ -83,7 +51,7 @@ def test_entry_point_plugin_is_listed_and_usable(tmp_path, monkeypatch, fresh_re
 
 def test_plugin_object_registered_from_a_test(tmp_path, monkeypatch, fresh_registry):
     namespace: dict = {}
-    exec(PLUGIN_SOURCE.format(name="object-step"), namespace)
+    exec(POLICY_SOURCE.format(name="object-step"), namespace)
     plugin = type("Plugin", (), {"register_tree_policies": staticmethod(namespace["register_tree_policies"])})
     specframe.register_plugin(plugin, dist="test-suite")
     assert "object-step" in specframe.available()["policies"]

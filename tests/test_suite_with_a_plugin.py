@@ -19,38 +19,10 @@ import pytest
 from specframe import plugins
 from specframe.testing.conformance import conformance_classes
 from specframe.testing.fixtures import fixed_policy_spec, is_builtin
+from plugin_sources import install_distribution
 
 TESTS = Path(__file__).resolve().parent
 NAME = "third-step"
-
-PLUGIN_SOURCE = f'''
-from dataclasses import dataclass
-import torch
-import specframe
-
-
-@dataclass
-class ThirdStepOptions(specframe.BudgetOptions):
-    """A budget whose default differs from the 6 the suite gives the built-ins."""
-    budget: int = 2
-
-
-class ThirdStepPolicy(specframe.TreePolicy):
-    """Drafts exactly one token: the drafter's top-1 child of the root."""
-    name = "{NAME}"
-    Options = ThirdStepOptions
-
-    def build(self, session, budget):
-        tree = session.new_tree()
-        logp = session.expand(tree, [0])[0]
-        tok = int(logp.argmax())
-        return tree.add_nodes(torch.tensor([0]), torch.tensor([tok]), logp[tok:tok + 1])
-
-
-@specframe.hookimpl
-def register_tree_policies(register):
-    register(ThirdStepPolicy)
-'''
 
 #: Test functions that enumerate specframe's own plugins: a third party's must not appear.
 BUILTIN_ONLY = [
@@ -77,12 +49,7 @@ EVERY_POLICY = [
 
 def _install(root: Path) -> Path:
     """The throw-away distribution in ``root`` (importable once ``root`` is on the path)."""
-    (root / "third_step_plugin.py").write_text(PLUGIN_SOURCE)
-    info = root / "third_step_dist-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: third-step-dist\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[specframe]\nthirdstep = third_step_plugin\n")
-    return root
+    return install_distribution(root, NAME, "third-step-dist", "0.1", "third_step_plugin", "thirdstep")
 
 
 @pytest.fixture
