@@ -332,6 +332,20 @@ class Verifier(ABC):
                 assert (int(last), int(bonus)) == (2, 7)
         """
 
+    def root_tokens(self, root_logits: torch.Tensor,
+                    generators: "list[torch.Generator | None]") -> torch.Tensor | None:
+        """The bonus tokens of several root-only trees at once, or None (the default) to
+        :meth:`verify` each root alone.
+
+        A row whose speculation is switched off (a load-aware allocator's budget of 1) verifies
+        its root alone; answering all such rows of a step in one call keeps that step as cheap
+        as plain decoding. ``root_logits``: ``[R, V]``, row r the target's logits after root
+        r; ``generators``: each row's randomness. Must return, as a ``[R]`` integer tensor on
+        the logits' device, exactly the bonus token :meth:`verify` would give each root alone
+        (``tests/test_root_tokens.py`` checks the built-ins against :meth:`verify`).
+        """
+        return None
+
 
 @dataclass
 class StepStats:

@@ -39,3 +39,8 @@ class GreedyVerifier(Verifier):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Follow the target's argmax down the tree without leaving the device."""
         return greedy_leaf(tree, target_logits)
+
+    def root_tokens(self, root_logits: torch.Tensor,
+                    generators: list[torch.Generator | None]) -> torch.Tensor:
+        """Every root's argmax in one call (the tie rule of :func:`greedy_leaf`)."""
+        return root_logits.max(dim=-1).indices

@@ -295,7 +295,8 @@ class SpecDecoder:
         in one forward (:mod:`specframe.decode.lockstep`).
         """
         trees, sessions, limits, policy_times = self._build(rows, allocator, lockstep)
-        flags = [tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
+        # A row switched off (limit 1) holds the root the engine made itself: nothing to check.
+        flags = [None if lim <= 1 else tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
                  for r, t, lim in zip(rows, trees, limits)]
         t1 = time.perf_counter()
         tree_start = kv.width
@@ -380,30 +381,55 @@ class SpecDecoder:
     def _verify_and_read(self, rows: list[Row], trees: list[DraftTree], limits: list[int], flags: list,
                          logits: list[torch.Tensor], verifier: Verifier) -> list[StepRead]:
         """Verify every row (the one place a step's verdict is decided), then read all verdicts
-        in ONE device-to-host transfer; an invalid tree is refused naming its policy."""
+        in ONE device-to-host transfer; an invalid tree is refused naming its policy.
+
+        The rows switched off (their root alone) are answered together by the verifier's
+        :meth:`~specframe.Verifier.root_tokens` where it has one, so a step in which no row
+        speculates costs what a plain decoding step costs (docs/load.md)."""
+        off = [b for b, limit in enumerate(limits) if limit <= 1]
+        bonus = verifier.root_tokens(torch.stack([logits[b][0] for b in off]), [rows[b].generator for b in off]) \
+            if off else None
+        batched = set(off) if bonus is not None else set()
         records, paths = [], []
-        for row, tree, limit, ok, row_logits in zip(rows, trees, limits, flags, logits):
+        for b, (row, tree, limit, ok, row_logits) in enumerate(zip(rows, trees, limits, flags, logits)):
+            if b in batched:
+                continue
+            if ok is None:  # an engine-made root, verified alone
+                ok = torch.ones((), dtype=torch.bool, device=tree.device)
             try:
-                last, bonus = checked_decision(verifier.name, tree, verifier.verify(tree, row_logits, row.generator),
-                                               self.target.vocab_size, self.strict)
+                last, bonus_b = checked_decision(verifier.name, tree, verifier.verify(tree, row_logits, row.generator),
+                                                 self.target.vocab_size, self.strict)
             except Exception:
                 # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
                 reject_tree(row.policy.name, tree, row.committed[-1], limit)
                 raise
-            packed, path = pack_step(tree, last, bonus, ok)
+            packed, path = pack_step(tree, last, bonus_b, ok)
             records.append(packed)
             paths.append(path)
+        if batched:
+            records.append(bonus.reshape(-1).long())
         flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
-        reads, at = [], 0
-        for row, tree, limit, path in zip(rows, trees, limits, paths):
+        roots = iter(flat[len(flat) - len(batched):])
+        reads, at, path_of = [], 0, iter(paths)
+        for b, (row, tree, limit) in enumerate(zip(rows, trees, limits)):
+            if b in batched:
+                reads.append(root_read(next(roots), tree.device))
+                continue
             size = packed_size(len(tree))
-            read = unpack_step(len(tree), flat[at : at + size], path)
+            read = unpack_step(len(tree), flat[at : at + size], next(path_of))
             at += size
             if not read.ok:
                 reject_tree(row.policy.name, tree, row.committed[-1], limit)
                 raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
             reads.append(read)
         return reads
+
+
+def root_read(bonus: int, device: torch.device) -> StepRead:
+    """The :class:`StepRead` of a root-only tree whose verifier added ``bonus`` (what
+    :func:`unpack_step` parses from that tree's packed record)."""
+    return StepRead(ok=True, path=torch.zeros(1, dtype=torch.long, device=device), tokens=[bonus], ranks=[],
+                    widths=[1], contiguous=True, children=0)
 
 
 @dataclass
