@@ -206,6 +206,9 @@ def test_load_aware_arms_export_to_vllm_and_sglang_with_fidelity():
     vllm = export_arm(arms["threshold"], "vllm")
     assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 3, 0]]
     assert any("disable_by_batch_size = 3" in need for need in vllm.needs)
-    assert export_arm(arms["threshold"], "sglang").settings["speculative_batch_size_threshold"] == 3
+    sglang = export_arm(arms["threshold"], "sglang")
+    # The fork's rule is "off above the threshold", vLLM's (and the allocator's) "off at it": 3 -> 2.
+    assert sglang.settings["apdative_speculative_batch_size_threshold"] == 2
+    assert any("mit-han-lab/fastrl" in need for need in sglang.needs)
     assert export_arm(arms["goodput"], "vllm").fidelity.level == "not expressible"
     assert "num_speculative_tokens_per_batch_size" not in export_arm(arms["fixed"], "vllm").settings

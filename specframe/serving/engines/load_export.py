@@ -7,10 +7,16 @@ vLLM: ``num_speculative_tokens_per_batch_size`` (``SpeculativeConfig`` in
 clamped to ``num_speculative_tokens``). That commit has no ``disable_by_batch_size`` field: the
 V0 engine had it (``vllm/spec_decode/spec_decode_worker.py`` @ :data:`VLLM_V0_COMMIT`: all
 speculation off when ``running_queue_size >= disable_by_batch_size``), so ``threshold`` exports
-as the equivalent schedule. SGLang: ``speculative_batch_size_threshold`` as SGLang's n-gram
-test of PR #13376 passes it (``--speculative-batch-size-threshold``); it was not confirmed in
-``server_args.py`` at a recorded commit, nor whether speculation stops at the threshold or
-above it, and the fidelity statement says so.
+as the equivalent schedule.
+
+SGLang: upstream ``ServerArgs`` (``python/sglang/srt/server_args.py`` @ :data:`SGLANG_UPSTREAM`)
+has no batch-size fallback; PR #13376 (``--speculative-batch-size-threshold``) closed without
+being merged. The fallback ships in the TLT fork's SGLang (mit-han-lab/fastrl
+``third-party/sglang`` @ :data:`SGLANG_FORK_COMMIT`) as :data:`SGLANG_THRESHOLD` (the source's
+spelling): speculation off while the running batch is larger than the threshold
+(``managers/scheduler.py``), back on only after 10 decode batches in a row at or below it
+(``speculative/eagle_worker.py``, ``adaptive_spec_warmup_checks``). vLLM's rule is ``>=``, so
+``disable_by_batch_size = T`` exports as threshold ``T - 1``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Ex
 VLLM_COMMIT = "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443"
 VLLM_SCHEDULE_COMMIT = "14b450ca590cbff96e7004bdb147a5d3acf5a4f6"
 VLLM_V0_COMMIT = "a4aeba173c6b5f488684d738c41ca7ea4e66d4cf"
-#: The SGLang server argument of the batch-size fallback (not read at a commit: see the module docstring).
-SGLANG_THRESHOLD = "speculative_batch_size_threshold"
+#: SGLang's server_args.py as read upstream: no batch-size fallback there.
+SGLANG_UPSTREAM = "001067fffe33427bee0ed2f007fb7551a1d76b44"
+#: The TLT fork whose vendored SGLang has the fallback, and its field (spelled as in its source).
+SGLANG_FORK_COMMIT = "bce3df7a4d46473912e9b81bf47bca419729557f"
+SGLANG_THRESHOLD = "apdative_speculative_batch_size_threshold"
 #: Allocators whose rule depends on the live batch (the others split a budget and do not export).
 LOAD_AWARE = ("threshold", "schedule", "goodput")
 
@@ -76,7 +85,9 @@ def _sglang(out: Export, name: str, options: dict) -> None:
         out.fidelity.add(NOT_EXPRESSIBLE, f"SGLang falls back to plain decoding above one batch size only; "
                                           f"the {name!r} allocator's rule has no SGLang argument")
         return
-    out.settings[SGLANG_THRESHOLD] = _threshold(options)
-    out.fidelity.add(APPROXIMATED, f"{SGLANG_THRESHOLD} is read from SGLang's n-gram test of PR #13376, not "
-                                   "from server_args.py at a recorded commit; whether speculation stops at the "
-                                   "threshold (as here) or above it is not confirmed")
+    out.settings[SGLANG_THRESHOLD] = _threshold(options) - 1  # SGLang: off above it; vLLM and specframe: at it
+    out.needs.append(f"the TLT fork's SGLang (mit-han-lab/fastrl third-party/sglang @ {SGLANG_FORK_COMMIT[:12]}): "
+                     f"upstream SGLang @ {SGLANG_UPSTREAM[:12]} has no batch-size fallback (PR #13376 was not merged)")
+    out.fidelity.add(APPROXIMATED, "SGLang turns speculation back on only after 10 decode batches in a row at or "
+                                   "below the threshold, and re-prefills every request then; specframe switches "
+                                   "back at the next step")
