@@ -155,17 +155,17 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, tra
 @click.option("--arrivals", default=None, help="'poisson' (default) or a file of arrival times, one per line.")
 @click.option("--seed", type=int, default=None, help="Seed of the Poisson arrivals (default: [load] seed, else 0).")
 @click.option("--slo-tpot-ms", type=float, default=None, help="TPOT objective of goodput, ms per token.")
+@click.option("--rounds", type=int, default=None, help="Serve each rate's arms this many times in turn (default: [load] rounds, else 1).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory (default: the [output] dir of the config + '-load').")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-def load_cli(config: Path, rates: str | None, requests: int | None, max_live: int | None, arrivals: str | None,
-             seed: int | None, slo_tpot_ms: float | None, out: Path | None, progress: bool) -> None:
+def load_cli(config: Path, out: Path | None, progress: bool, **options: Any) -> None:
     """Serve CONFIG's arms open-loop: requests arrive at each rate and join a continuously
     batched decoder (docs/load.md). Writes summary.json, table.md and plots; a rerun computes
-    only the (rate, arm) cells not on disk."""
+    only the (rate, arm, round) cells not on disk."""
     from specframe.experiments.load.command import load_command
 
-    load_command(config, rates, requests, max_live, arrivals, seed, slo_tpot_ms, out, progress, _console())
+    load_command(config, options, out, progress, _console())
 
 
 @cli.command("record")

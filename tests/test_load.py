@@ -212,3 +212,43 @@ def test_load_aware_arms_export_to_vllm_and_sglang_with_fidelity():
     assert any("mit-han-lab/fastrl" in need for need in sglang.needs)
     assert export_arm(arms["goodput"], "vllm").fidelity.level == "not expressible"
     assert "num_speculative_tokens_per_batch_size" not in export_arm(arms["fixed"], "vllm").settings
+
+
+def test_rounds_take_turns_pool_their_requests_and_extend_a_finished_run(tmp_path, monkeypatch):
+    from specframe.experiments.config import load_config
+    from specframe.experiments.load.run import LoadRun
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml")
+    config.arms = [a for a in config.arms if a.name in ("autoregressive", "threshold")]
+    config.max_new_tokens = 6
+    LoadRun(config, load_settings(config.load, {"rates": [4.0], "requests": 3}), tmp_path).run()
+    order: list[tuple[str, int]] = []
+    compute = LoadRun._compute
+
+    def spy(self, rate, arm, round_, prompts, key):
+        order.append((arm.name, round_))
+        return compute(self, rate, arm, round_, prompts, key)
+
+    monkeypatch.setattr(LoadRun, "_compute", spy)
+    summary = LoadRun(config, load_settings(config.load, {"rates": [4.0], "requests": 3, "rounds": 3}), tmp_path).run()
+    # Round 0 is on disk; rounds 1 and 2 rotate the file's order.
+    assert order == [("threshold", 1), ("autoregressive", 1), ("autoregressive", 2), ("threshold", 2)]
+    cells = {c["arm"]: c for c in summary["cells"]}
+    assert all(c["rounds"] == 3 and c["requests"] == 9 and c["mismatches"] == 0 for c in cells.values())
+    rounds = [json.loads(p.read_text()) for p in sorted((tmp_path / "cells").glob("rate-4__autoregressive__*.json"))]
+    assert cells["autoregressive"]["throughput"] == pytest.approx(
+        sum(r["tokens"] for c in rounds for r in c["requests"]) / sum(c["span"] for c in rounds))
+
+
+def test_pooled_rounds_take_percentiles_over_every_request():
+    from specframe.experiments.load.metrics import pooled
+
+    def rnd(tpots, span):
+        rows = [{"arrival": 0.0, "joined": 0.0, "first_token": 0.0, "finish": 2 * t, "tokens": 3, "mismatch": False}
+                for t in tpots]
+        return {"requests": rows, "span": span, "live_batch_mean": 1.0, "live_batch_max": 1, "row_steps": 4,
+                "speculated_steps": 1}
+
+    figures = pooled([rnd([1.0, 3.0], 4.0), rnd([2.0], 2.0)], None)
+    assert figures["tpot_p50"] == 2.0 and figures["tpot_mean"] == 2.0  # over all three requests
+    assert figures["throughput"] == pytest.approx(9 / 6.0) and figures["speculated"] == 0.25

@@ -30,10 +30,9 @@ class _Bar:
             self.bar.stop()
 
 
-def load_command(config_path: Path, rates: str | None, requests: int | None, max_live: int | None,
-                 arrivals: str | None, seed: int | None, slo_tpot_ms: float | None, out: Path | None,
-                 progress: bool, console: Any) -> None:
-    """Validate, serve every missing (rate, arm) cell, print the table and where the files are."""
+def load_command(config_path: Path, options: dict[str, Any], out: Path | None, progress: bool, console: Any) -> None:
+    """Validate, serve every missing (rate, arm, round) cell, print the table and where the files
+    are; ``options``: the command line's [load] settings (None: the file's, else the default)."""
     from specframe.experiments.config import ConfigError, load_config
     from specframe.experiments.load.run import LoadRun
     from specframe.experiments.load.settings import load_settings, parse_rates
@@ -41,9 +40,8 @@ def load_command(config_path: Path, rates: str | None, requests: int | None, max
 
     try:
         config = load_config(config_path)
-        settings = load_settings(config.load, {
-            "rates": parse_rates(rates) if rates else None, "requests": requests, "max_live": max_live,
-            "arrivals": arrivals, "seed": seed, "slo_tpot_ms": slo_tpot_ms})
+        rates = options.get("rates")
+        settings = load_settings(config.load, {**options, "rates": parse_rates(rates) if rates else None})
     except (ConfigError, ValueError, TypeError) as err:
         raise click.ClickException(str(err).splitlines()[0]) from err
     if settings.arrivals != "poisson" and not Path(settings.arrivals).is_file():

@@ -1,9 +1,10 @@
 """Every cell of a load run: the arms of an experiment file at each rate (docs/load.md).
 
 Writes ``OUT/load.json`` (settings, arms, inputs), ``OUT/reference.json`` (each distinct
-prompt's greedy decoding, computed once), ``OUT/cells/*.json`` (one per rate and arm, atomic),
-``OUT/summary.json``, ``OUT/table.md`` and ``OUT/plots/*.png``. A rerun reuses every cell whose
-key (arm, settings, inputs) is unchanged.
+prompt's greedy decoding, computed once), ``OUT/cells/*.json`` (one per rate, arm and round,
+atomic), ``OUT/summary.json``, ``OUT/table.md`` and ``OUT/plots/*.png``. A rerun reuses every
+cell whose key (arm, round, settings, inputs) is unchanged. Within a rate the arms take turns
+round by round, the order rotating, so that machine drift hits every arm alike.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from specframe.experiments.data import PromptEncoder, load_questions
 from specframe.experiments.loading import ModelPool, load_tokenizer
 from specframe.experiments.runners import build_runner
 from specframe.experiments.load.arrivals import arrival_times
-from specframe.experiments.load.metrics import summarize
+from specframe.experiments.load.metrics import pooled, round_record
 from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
 from specframe.experiments.load.store import cell_path, done_cell, read_json, write_json
@@ -72,29 +73,30 @@ class LoadRun:
         prompts = self._prompts = request_prompts(cfg, s.requests)
         inputs = {"prompts": _digest(prompts), "max_new_tokens": cfg.max_new_tokens, "stop_at_eos": cfg.stop_at_eos,
                   "target": cfg.target.model, "dtype": cfg.target.dtype}
-        write_json(self.out_dir / "load.json", {"name": cfg.name, "settings": s.describe() | {"rates": s.rates},
+        write_json(self.out_dir / "load.json", {"name": cfg.name, "settings": s.describe() | {"rates": s.rates, "rounds": s.rounds},
                                                 "arms": {a.name: a.describe() for a in cfg.arms}, "inputs": inputs})
-        cells = [(rate, arm) for rate in s.rates for arm in cfg.arms]
-        results: dict[tuple[float, str], dict] = {}
+        cells = [(rate, arm, r) for rate in s.rates for r in range(s.rounds) for arm in rotated(cfg.arms, r)]
+        results: dict[tuple[float, str], list[dict]] = {}
         threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)  # as `run` does: oversubscribed kernels spin
         try:
-            for done, (rate, arm) in enumerate(cells):
-                key = {"arm": arm.describe(), "rate": rate, "settings": s.describe(), "inputs": inputs}
-                cell = done_cell(self.out_dir, rate, arm.name, key)
+            for done, (rate, arm, r) in enumerate(cells):
+                key = {"arm": arm.describe(), "rate": rate, "round": r, "settings": s.describe(), "inputs": inputs}
+                cell = done_cell(self.out_dir, rate, arm.name, r, key)
                 if cell is None:
-                    self.progress(done, len(cells), f"{arm.name} @ {rate:g}/s")
-                    cell = self._compute(rate, arm, prompts, key)
-                results[(rate, arm.name)] = cell
+                    label = f"{arm.name} @ {rate:g}/s" + (f", round {r + 1}/{s.rounds}" if s.rounds > 1 else "")
+                    self.progress(done, len(cells), label)
+                    cell = self._compute(rate, arm, r, prompts, key)
+                results.setdefault((rate, arm.name), []).append(cell)
         finally:
             torch.set_num_threads(threads)
         self.progress(len(cells), len(cells), "done")
         return self._write_summary(results)
 
     # ------------------------------------------------------------------ cells
-    def _compute(self, rate: float, arm: ArmConfig, prompts: list[list[int]], key: dict) -> dict:
-        """Serve one cell, check it against the greedy references, store it atomically."""
+    def _compute(self, rate: float, arm: ArmConfig, round_: int, prompts: list[list[int]], key: dict) -> dict:
+        """Serve one round of a cell, check it against the greedy references, store it atomically."""
         s, cfg = self.settings, self.config
         arrivals = arrival_times(s.arrivals, rate, s.requests, s.seed)
         reference = self._references(prompts)
@@ -104,14 +106,10 @@ class LoadRun:
             served = serve_speculative(runner.load_batch, prompts, arrivals, s.max_live, cfg.max_new_tokens, eos)
         else:
             served = serve_autoregressive(self._target(), prompts, arrivals, s.max_live, cfg.max_new_tokens, eos)
-        figures = summarize(served, reference, s.slo_tpot_ms)
-        cell = {"key": key, "arm": arm.name, "rate": rate, "figures": figures,
+        cell = {"key": key, "arm": arm.name, "rate": rate, "round": round_,
                 "allocator": arm.batch_allocator.name if arm.batch_allocator else None,
-                "series": {"step_at": served.step_at, "step_live": served.step_live},
-                "requests": [{"arrival": a, "joined": j, "first_token": f, "finish": e, "tokens": len(t)}
-                             for a, j, f, e, t in zip(served.arrivals, served.joined, served.first_token,
-                                                      served.finish, served.tokens)]}
-        write_json(cell_path(self.out_dir, rate, arm.name), cell)
+                "series": {"step_at": served.step_at, "step_live": served.step_live}, **round_record(served, reference)}
+        write_json(cell_path(self.out_dir, rate, arm.name, round_), cell)
         return cell
 
     def _target(self) -> Any:
@@ -164,17 +162,25 @@ class LoadRun:
         return self._reference
 
     # ------------------------------------------------------------------ outputs
-    def _write_summary(self, results: dict[tuple[float, str], dict]) -> dict:
+    def _write_summary(self, results: dict[tuple[float, str], list[dict]]) -> dict:
         from specframe.experiments.load.plots import make_plots
         from specframe.experiments.load.table import markdown_table
 
         s = self.settings
-        summary = {"name": self.config.name, "settings": s.describe() | {"rates": s.rates, "slo_tpot_ms": s.slo_tpot_ms},
+        summary = {"name": self.config.name, "settings": s.describe() | {"rates": s.rates, "slo_tpot_ms": s.slo_tpot_ms, "rounds": s.rounds},
                    "max_new_tokens": self.config.max_new_tokens, "arms": [a.name for a in self.config.arms],
-                   "cells": [{"rate": rate, "arm": arm, "allocator": cell.get("allocator"), **cell["figures"]}
-                             for (rate, arm), cell in sorted(results.items(), key=lambda kv: kv[0][0])]}
+                   "cells": [{"rate": rate, "arm": arm, "allocator": rounds[0].get("allocator"),
+                              **pooled(rounds, s.slo_tpot_ms)}
+                             for (rate, arm), rounds in sorted(results.items(), key=lambda kv: kv[0][0])]}
         write_json(self.out_dir / "summary.json", summary)
         (self.out_dir / "table.md").write_text(markdown_table(summary), encoding="utf-8")
-        series = {k: (c["series"]["step_at"], c["series"]["step_live"]) for k, c in results.items()}
+        first = {k: min(rounds, key=lambda c: c["round"]) for k, rounds in results.items()}
+        series = {k: (c["series"]["step_at"], c["series"]["step_live"]) for k, c in first.items()}
         make_plots(summary, series, self.out_dir)
         return summary
+
+
+def rotated(arms: list[ArmConfig], round_: int) -> list[ArmConfig]:
+    """The arms in round ``round_``'s order: the file's order turned left by the round."""
+    k = round_ % len(arms)
+    return arms[k:] + arms[:k]

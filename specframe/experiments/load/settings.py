@@ -21,6 +21,9 @@ class LoadSettings:
             times (seconds, one per line), rescaled to each rate.
         seed: the Poisson process's seed (every arm serves the same arrivals).
         slo_tpot_ms: the TPOT objective of ``goodput`` (milliseconds per token); None: no goodput.
+        rounds: how many times each rate's arms are served, taking turns with the order rotated
+            every round, so that machine drift hits every arm alike; a (rate, arm)'s figures
+            pool its rounds. More rounds extend a finished run (the rounds on disk are kept).
     """
 
     rates: list = field(default_factory=list)
@@ -29,6 +32,7 @@ class LoadSettings:
     arrivals: str = "poisson"
     seed: int = 0
     slo_tpot_ms: float | None = None
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.rates, (list, tuple)) or not self.rates:
@@ -38,7 +42,7 @@ class LoadSettings:
         if bad:
             raise ValueError(f"rates must be positive numbers (requests per second); bad: {bad}")
         self.rates = sorted(float(r) for r in self.rates)
-        for key in ("requests", "max_live"):
+        for key in ("requests", "max_live", "rounds"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         if self.slo_tpot_ms is not None and not float(self.slo_tpot_ms) > 0:

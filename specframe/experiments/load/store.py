@@ -1,4 +1,4 @@
-"""Cells on disk: one JSON file per (rate, arm), written atomically, reused when its key matches."""
+"""Cells on disk: one JSON file per (rate, arm, round), written atomically, reused when its key matches."""
 
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def cell_path(out_dir: Path, rate: float, arm: str) -> Path:
-    """Where the cell of ``arm`` at ``rate`` lives: ``cells/rate-<rate>__<arm>.json``."""
-    return Path(out_dir) / "cells" / f"rate-{rate:g}__{slugify(arm)}.json"
+def cell_path(out_dir: Path, rate: float, arm: str, round_: int = 0) -> Path:
+    """Where round ``round_`` of ``arm`` at ``rate`` lives: ``cells/rate-<rate>__<arm>__<round>.json``."""
+    return Path(out_dir) / "cells" / f"rate-{rate:g}__{slugify(arm)}__{round_}.json"
 
 
-def done_cell(out_dir: Path, rate: float, arm: str, key: dict) -> dict | None:
-    """The stored cell when it was computed for ``key`` (the arm, the settings and the
-    inputs), else None."""
-    cell = read_json(cell_path(out_dir, rate, arm))
+def done_cell(out_dir: Path, rate: float, arm: str, round_: int, key: dict) -> dict | None:
+    """The stored round when it was computed for ``key`` (the arm, the round, the settings and
+    the inputs), else None."""
+    cell = read_json(cell_path(out_dir, rate, arm, round_))
     return cell if isinstance(cell, dict) and cell.get("key") == key else None
