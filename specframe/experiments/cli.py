@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from specframe.errors import one_line
+from specframe.experiments.progress import exit_interrupted
 
 
 #: Width of output that goes to a pipe or file: wide enough that no table cell is cut.
@@ -55,9 +56,7 @@ def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool,
     except ExperimentError as err:
         raise click.ClickException(one_line(err)) from err
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: finished answers are saved in {out_dir}; "
-                      "run the same command again to resume")
-        raise SystemExit(130)
+        exit_interrupted(console, "answers", out_dir)
     reused = f", {outcome.skipped} reused from earlier runs (--fresh recomputes)" if outcome.skipped else ""
     print_summary(console, summary, f"{outcome.computed} answers computed{reused}. ", outcome.out_dir, title)
 

@@ -1,8 +1,18 @@
-"""The rich progress bar of a run or a recording: prompts x arms (x repeats)."""
+"""The rich progress bar of a run or a recording: prompts x arms (x repeats), and what a
+long command says when Ctrl-C stops it."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+
+def exit_interrupted(console: Any, kept: str, where: Path | str | None = None) -> NoReturn:
+    """Say what an interrupted command kept (``kept``: "answers", "cells", ...; ``where``: its
+    directory) and how to resume, then exit 130 (the shell's status for Ctrl-C)."""
+    place = f" in {where}" if where is not None else ""
+    console.print(f"[yellow]interrupted[/]: finished {kept} are saved{place}; run the same command again to resume")
+    raise SystemExit(130)
 
 
 class ProgressBar:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import click
 
 from specframe.errors import one_line
+from specframe.experiments.progress import exit_interrupted
 
 
 def _config(path: Path) -> Any:
@@ -60,8 +61,7 @@ def replay_config(config_path: Path, trace_dir: Path, out: Path | None, curve: P
     try:
         outcome = replay_experiment(config, trace_dir, out, curve=curve, fresh=fresh, progress=progress, console=console)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished answers are saved; run the same command again to resume")
-        raise SystemExit(130)
+        exit_interrupted(console, "answers")
     summary = write_report(outcome.out_dir)
     console.print(f"Replayed over {trace_dir}; {summary['replay']['projection']}", markup=False)
     print_summary(console, summary, f"{outcome.computed} answers replayed. ", outcome.out_dir,

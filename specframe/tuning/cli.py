@@ -9,6 +9,7 @@ from typing import Any, Callable
 import click
 
 from specframe.errors import one_line
+from specframe.experiments.progress import exit_interrupted
 
 
 def tune_command(config: Path, trace_dir: Path, out: Path, trials: int, arms: str | None, objective: str,
@@ -35,8 +36,7 @@ def tune_command(config: Path, trace_dir: Path, out: Path, trials: int, arms: st
     except (ConfigError, ExperimentError, TraceError, ReplayError, DirectoryInUseError, ImportError) as err:
         raise click.ClickException(one_line(err)) from None
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: finished trials are kept in {out}; run the same command to resume")
-        raise SystemExit(130)
+        exit_interrupted(console, "trials", out)
     console.print(results_table(results, objective))
     console.print(f"Best: {out / BEST} (confirmation questions; run it live with `specframe run`); "
                   f"tune.json, report.md and plots/ in {out}", markup=False)

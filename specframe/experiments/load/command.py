@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from specframe.experiments.progress import exit_interrupted
+
 
 class _Bar:
     """A rich progress bar over the cells (nothing when disabled)."""
@@ -54,9 +56,7 @@ def load_command(config_path: Path, options: dict[str, Any], out: Path | None, p
     except ConfigError as err:
         raise click.ClickException(str(err)) from err
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: finished cells are saved in {out_dir}; run the same command again "
-                      "to resume")
-        raise SystemExit(130)
+        exit_interrupted(console, "cells", out_dir)
     console.print(markdown_table(summary), markup=False)
     bad = [f"{c['arm']} @ {c['rate']:g}/s" for c in summary["cells"] if c["mismatches"]]
     if bad:
