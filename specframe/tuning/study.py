@@ -120,24 +120,28 @@ def recorded_split(out_dir: Path, settings: TuneSettings, fresh: bool) -> TuneSe
     """``settings`` with the split rule of the studies ``out_dir`` already holds: a directory
     recorded before the stratified split searched the first share of the questions, and
     resuming it must score new trials on the questions the old ones were scored on."""
-    file = out_dir / INPUTS
-    if fresh or not file.exists():
+    recorded = None if fresh else recorded_inputs(out_dir)
+    if recorded is None:
         return settings
-    search = json.loads(file.read_text(encoding="utf-8")).get("search", {})
-    return replace(settings, split_by=search.get("split_by", "prefix"))
+    return replace(settings, split_by=recorded.get("search", {}).get("split_by", "prefix"))
+
+
+def recorded_inputs(out_dir: Path) -> dict | None:
+    """The inputs ``out_dir``'s studies were recorded with (``tune-inputs.json``), or None."""
+    file = out_dir / INPUTS
+    return json.loads(file.read_text(encoding="utf-8")) if file.exists() else None
 
 
 def check_tune_dir(out_dir: Path, fingerprint: dict, fresh: bool) -> None:
     """Apply the one rule to a tune directory: ``fresh`` discards its studies; else another
     base, trace, curve, data or search is refused naming it, and so is an arm whose definition
     or declared space changed (new arms join). Records the inputs."""
-    file = out_dir / INPUTS
     if fresh:
         for name in (JOURNAL, INPUTS, "tune.json", "best.toml", "confirm.jsonl", "report.md"):
             (out_dir / name).unlink(missing_ok=True)
         for name in ("plots", "replay", "confirm"):
             shutil.rmtree(out_dir / name, ignore_errors=True)
-    old = json.loads(file.read_text(encoding="utf-8")) if file.exists() else None
+    old = recorded_inputs(out_dir)
     if old is None and (out_dir / JOURNAL).exists():
         old = {}  # trials whose inputs were never recorded: not comparable
     if old is not None:
@@ -149,7 +153,7 @@ def check_tune_dir(out_dir: Path, fingerprint: dict, fresh: bool) -> None:
                                   f"{', '.join(changed)}: use another --out, or --fresh to discard its studies")
         fingerprint = {**fingerprint, "arms": {**old.get("arms", {}), **fingerprint["arms"]}}
     out_dir.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
+    (out_dir / INPUTS).write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------- one study
