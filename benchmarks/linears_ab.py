@@ -46,7 +46,7 @@ import numpy as np
 from specframe.experiments.config import ArmConfig, ExperimentConfig, load_config
 from specframe.experiments.data import Question, load_questions
 from specframe.experiments.experiment import Experiment
-from specframe.experiments.loading import ModelPool
+from specframe.experiments.loading import ModelPool, stop_tokens
 from specframe.experiments.metrics import load_run
 from specframe.experiments.plots import shape_points
 from specframe.experiments.report import write_report
@@ -69,7 +69,8 @@ class HeldExperiment(Experiment):
         self._runners: dict[str, Any] = {}
         self._warm: set[str] = set()
 
-    def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
+    def prepare_arms(self, arms: list[ArmConfig], questions: list[Question]) -> tuple[Any, Any, dict, set[int]]:
+        """The runners over the held target, built once per arm and reused by every chunk."""
         from specframe.models.target import TargetModel
 
         if self._held is None:
@@ -81,16 +82,13 @@ class HeldExperiment(Experiment):
                 self._runners[arm.name] = build_runner(arm, pool, target, self.config)
         runners = {arm.name: self._runners[arm.name] for arm in arms}
         self._skip_overflowing(self.encoder(), target, questions, runners)
-        eos: set[int] = set()
-        if self.config.stop_at_eos and target.eos_token_id is not None:
-            ids = target.eos_token_id
-            eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        eos = stop_tokens(self.config, target)
         return self.encoder(), target, runners, eos
 
-    def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: Any, q: Question, eos: set[int]) -> None:
+    def warm_up(self, arms: list[ArmConfig], runners: dict, encoder: Any, q: Question, eos: set[int]) -> None:
         # A held arm stays warm: warm up only the arms this process has not run yet.
         cold = [arm for arm in arms if arm.name not in self._warm]
-        super()._warmup(cold, runners, encoder, q, eos)
+        super().warm_up(cold, runners, encoder, q, eos)
         self._warm.update(arm.name for arm in cold)
 
 

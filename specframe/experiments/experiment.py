@@ -26,7 +26,7 @@ from specframe.experiments.batching import answer_in_batches
 from specframe.experiments.config import ArmConfig, ExperimentConfig, lossy_label
 from specframe.experiments.data import PromptEncoder, Question, load_questions
 from specframe.experiments.divergence import write_divergences
-from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_bars, sync
+from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_bars, stop_tokens, sync
 from specframe.experiments.progress import ProgressBar
 from specframe.experiments.records import make_record, policy_budget
 from specframe.experiments.runlock import DirectoryInUseError, RunLock
@@ -167,7 +167,11 @@ class Experiment:
         write_divergences(self.config, self.out_dir, questions, self.encoder())
         return RunOutcome(self.out_dir, computed, skipped)
 
-    def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
+    def prepare_arms(self, arms: list[ArmConfig], questions: list[Question]) -> tuple[PromptEncoder, Any, dict, set[int]]:
+        """Load the models once and build each of ``arms``' runner over them: returns the prompt
+        encoder, the target, the runners by arm name and the stop tokens. Questions that do not
+        fit the context are handled here (``[data] on_overflow``). A subclass that holds models
+        across calls (a replay, an A/B of two targets, a Ray worker) overrides it."""
         cfg = self.config
         encoder = self.encoder()
         pool = ModelPool(cfg)
@@ -176,10 +180,7 @@ class Experiment:
         target = TargetModel(pool.target())
         runners = {arm.name: build_runner(arm, pool, target, cfg) for arm in arms}
         self._skip_overflowing(encoder, target, questions, runners)
-        eos: set[int] = set()
-        if cfg.stop_at_eos and target.eos_token_id is not None:
-            ids = target.eos_token_id
-            eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        eos = stop_tokens(self.config, target)
         return encoder, target, runners, eos
 
     def _skip_overflowing(self, encoder: PromptEncoder, target: Any, questions: list[Question], runners: dict) -> None:
@@ -246,7 +247,7 @@ class Experiment:
         pending = [a for a in cfg.arms if any(t[2] is a for t in todo)]
         self._say(f"loading the target and {len(pending)} arm(s) ...")
         with no_loading_bars():
-            encoder, target, runners, eos = self._prepare(pending, questions)
+            encoder, target, runners, eos = self.prepare_arms(pending, questions)
         # on_overflow = "skip" may have removed questions: drop their work too.
         kept = {json.dumps(q.question_id) for q in questions}
         todo = [t for t in todo if json.dumps(t[1].question_id) in kept]
@@ -255,7 +256,7 @@ class Experiment:
             return 0
         if cfg.warmup:
             self._say(f"warm-up: {cfg.warmup} untimed generation(s) per arm ...")
-        self._warmup(pending, runners, encoder, questions[0], eos)
+        self.warm_up(pending, runners, encoder, questions[0], eos)
         computed = 0
         if cfg.batch_size > 1:
             with self._progress(total=skipped + len(todo), completed=skipped) as advance:
@@ -307,7 +308,7 @@ class Experiment:
                           | {name for name, r in runners.items() if keeps_state(r)})
         run_file.update(protocol={**PROTOCOL, "stateful_arms": stateful})
 
-    def _warmup(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
+    def warm_up(self, arms: list[ArmConfig], runners: dict, encoder: PromptEncoder, q: Question, eos: set[int]) -> None:
         """``warmup`` untimed generations of ``q`` per arm; then every drafter that keeps state
         across requests is rebuilt, so the warm-up leaves no trace in a timed answer."""
         prompt = encoder.encode(q.turns, [], None)

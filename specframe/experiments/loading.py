@@ -97,6 +97,14 @@ class ModelPool:
         return {k: self.load(v) if isinstance(v, str) and v in aliases else v for k, v in options.items()}
 
 
+def stop_tokens(config: ExperimentConfig, target: Any) -> set[int]:
+    """The token ids an answer stops at: the target's EOS ids when ``stop_at_eos``, else none."""
+    ids = target.eos_token_id
+    if not config.stop_at_eos or ids is None:
+        return set()
+    return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+
+
 def load_tokenizer(config: ExperimentConfig) -> Any:
     """The target's tokenizer (``bytes`` -> :class:`ByteTokenizer`, the default of random models)."""
     spec = config.target

@@ -22,7 +22,7 @@ from specframe.experiments.data import Question
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.errors import ContextError, one_line, warn
 from specframe.experiments.experiment import Experiment, RunOutcome
-from specframe.experiments.loading import ModelPool, no_loading_bars
+from specframe.experiments.loading import ModelPool, no_loading_bars, stop_tokens
 from specframe.experiments.runners import arm_where, batch_answers
 from specframe.options import NoOptions
 from specframe.plugins import get_registry
@@ -367,18 +367,15 @@ class ReplayExperiment(Experiment):
 
         data = self.config.data
         questions = load_questions(data.path, data.category, data.limit)
-        _, _, _, self._eos = self._prepare([], questions)
+        _, _, _, self._eos = self.prepare_arms([], questions)
         return questions
 
-    def _prepare(self, arms: list[ArmConfig], questions: list[Question]):
-        cfg = self.config
+    def prepare_arms(self, arms: list[ArmConfig], questions: list[Question]) -> tuple[Any, Any, dict, set[int]]:
+        """The replay's own runners over its trace-answering target (built once, up front)."""
         encoder = self.encoder()
         runners = {arm.name: self.runners[arm.name] for arm in arms}
         self._skip_overflowing(encoder, self.target, questions, runners)
-        eos: set[int] = set()
-        if cfg.stop_at_eos and self.target.eos_token_id is not None:
-            ids = self.target.eos_token_id
-            eos = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        eos = stop_tokens(self.config, self.target)
         return encoder, self.target, runners, eos
 
     def _runner(self, arm: ArmConfig, pool: ModelPool, target: ReplayTarget) -> Any:

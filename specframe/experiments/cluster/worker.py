@@ -58,10 +58,10 @@ class ShardWorker:
         self.arms = [a for a in config.arms if a.name in arm_names]
         self.questions = list(questions)
         with no_loading_bars():
-            self.encoder, self.target, self.runners, self.eos = self.experiment._prepare(self.arms, self.questions)
+            self.encoder, self.target, self.runners, self.eos = self.experiment.prepare_arms(self.arms, self.questions)
         stateful = sorted(n for n, r in self.runners.items() if keeps_state(r))
         if self.questions and not stateful:  # a stateful arm is refused by the driver: no warm-up for it
-            self.experiment._warmup(self.arms, self.runners, self.encoder, self.questions[0], self.eos)
+            self.experiment.warm_up(self.arms, self.runners, self.encoder, self.questions[0], self.eos)
         self.info = WorkerInfo({n: bool(r.greedy) for n, r in self.runners.items()}, stateful,
                                [json.dumps(q.question_id) for q in self.questions],
                                RunFile(self.experiment.out_dir).read().get("overflow_skipped", []), os.getpid(),

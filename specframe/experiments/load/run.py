@@ -18,7 +18,7 @@ import torch
 
 from specframe.experiments.config import ArmConfig, ConfigError, ExperimentConfig
 from specframe.experiments.data import PromptEncoder, load_questions
-from specframe.experiments.loading import ModelPool, load_tokenizer
+from specframe.experiments.loading import ModelPool, load_tokenizer, stop_tokens
 from specframe.experiments.runners import build_runner
 from specframe.experiments.load.arrivals import arrival_times
 from specframe.experiments.load.metrics import pooled, round_record
@@ -121,10 +121,7 @@ class LoadRun:
         return self._target_model
 
     def _eos(self) -> set[int]:
-        ids = self._target().eos_token_id
-        if not self.config.stop_at_eos or ids is None:
-            return set()
-        return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+        return stop_tokens(self.config, self._target())
 
     def _runner(self, arm: ArmConfig) -> Any:
         """The arm's runner, its batch decoder built with the arm's allocator and warmed up once."""
