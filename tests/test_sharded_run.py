@@ -51,6 +51,16 @@ def _exact(record: dict) -> dict:
             "trees": trees}
 
 
+def _same_answers(one_dir: Path, other_dir: Path) -> tuple[dict, dict]:
+    """Both runs' answers, asserted to cover the same (arm, question, repeat)s with the same
+    outputs, acceptance and steps."""
+    one, other = _answers(one_dir), _answers(other_dir)
+    assert set(one) == set(other) and len(one) == 3 * len(ARMS)
+    for key in one:
+        assert _exact(other[key]) == _exact(one[key]), key
+    return one, other
+
+
 def _flat(value):
     if isinstance(value, list):
         for v in value:
@@ -73,10 +83,7 @@ def test_sharded_answers_equal_one_process_and_the_report_pairs_per_device(runs,
     tmp, config = runs
     result = _run(config, tmp / "sharded", "--ray", "--workers", "2")
     assert result.exit_code == 0, result.output
-    one, sharded = _answers(tmp / "one"), _answers(tmp / "sharded")
-    assert set(one) == set(sharded) and len(one) == 3 * len(ARMS)
-    for key in one:
-        assert _exact(sharded[key]) == _exact(one[key]), key
+    one, sharded = _same_answers(tmp / "one", tmp / "sharded")
     devices = {sharded[k]["device"]["index"] for k in sharded}
     assert devices == {0, 1}  # both workers answered
     for (arm, qid, repeat), record in sharded.items():  # an arm and its baseline ran side by side
@@ -164,11 +171,8 @@ def test_a_batched_run_sharded_by_window_answers_as_one_process(tmp_path, local_
     assert single.exit_code == 0, single.output
     sharded = _run(config, tmp_path / "sharded", "--ray", "--workers", "2")
     assert sharded.exit_code == 0, sharded.output
-    one, many = _answers(tmp_path / "one"), _answers(tmp_path / "sharded")
-    assert set(one) == set(many) and len(one) == 3 * len(ARMS)
-    for key in one:
-        assert _exact(many[key]) == _exact(one[key]), key
-        assert "batch" in many[key] and "batch" in one[key]  # both ran batched
+    one, many = _same_answers(tmp_path / "one", tmp_path / "sharded")
+    assert all("batch" in many[key] and "batch" in one[key] for key in one)  # both ran batched
     # a window is one unit: its questions ran on one device (3 questions: windows {0, 1} and {2}
     # with batch_size = 2; with batch_refill the repeat's 3 questions are one window)
     by_question = {}
