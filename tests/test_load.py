@@ -252,3 +252,71 @@ def test_pooled_rounds_take_percentiles_over_every_request():
     figures = pooled([rnd([1.0, 3.0], 4.0), rnd([2.0], 2.0)], None)
     assert figures["tpot_p50"] == 2.0 and figures["tpot_mean"] == 2.0  # over all three requests
     assert figures["throughput"] == pytest.approx(9 / 6.0) and figures["speculated"] == 0.25
+
+
+def test_the_batch_allocators_and_auto_sized_policies_serve_under_load(tmp_path):
+    """The closed-loop allocators (shared, acceptance) and a policy sized "auto" at the live batch
+    shape run in the load benchmark beside the load-aware ones, greedy-exact."""
+    from specframe.experiments.config import load_config
+    from specframe.experiments.load.run import LoadRun
+
+    prompts = Path(__file__).resolve().parents[1] / "examples" / "prompts" / "code.jsonl"
+    arm = 'drafter = "ngram"\npolicy = "chain"\npolicy_options = {{ gamma = {gamma} }}\n'
+    (tmp_path / "load.toml").write_text(
+        'name = "load-allocators"\nmax_new_tokens = 8\nwarmup = 0\nthreads = 1\n'
+        '[target]\nmodel = "demo-target"\ndtype = "float32"\n'
+        '[load]\nrates = [8.0]\nrequests = 4\nmax_live = 3\n'
+        '[[arm]]\nbaseline = "autoregressive"\n'
+        '[[arm]]\nname = "shared"\n' + arm.format(gamma=4) + 'batch_allocator = "shared"\n'
+        '[[arm]]\nname = "acceptance"\n' + arm.format(gamma=4) + 'batch_allocator = "acceptance"\n'
+        '[[arm]]\nname = "auto"\n' + arm.format(gamma='"auto"') +
+        f'[data]\npath = "{prompts}"\nchat_template = false\n[output]\ndir = "{tmp_path / "runs"}"\n')
+    config = load_config(tmp_path / "load.toml")
+    summary = LoadRun(config, load_settings(config.load, {}), tmp_path / "out").run()
+    cells = {c["arm"]: c for c in summary["cells"]}
+    assert set(cells) == {"autoregressive", "shared", "acceptance", "auto"}
+    assert all(c["mismatches"] == 0 and c["requests"] == 4 for c in cells.values())
+    assert {c["allocator"] for c in cells.values()} == {None, "shared", "acceptance"}
+
+
+def test_a_request_leaving_its_greedy_decoding_is_listed_with_the_targets_margin(tmp_path, monkeypatch):
+    from specframe.experiments.config import load_config
+    from specframe.experiments.divergence import logit_margin
+    from specframe.experiments.load import run as load_run
+    from specframe.experiments.load.command import mismatch_lines
+    from specframe.experiments.load.table import markdown_table
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml")
+    config.arms = [a for a in config.arms if a.name == "autoregressive"]
+    config.max_new_tokens = 6
+    serve = load_run.serve_autoregressive
+
+    def one_wrong_token(*args, **kwargs):
+        served = serve(*args, **kwargs)
+        served.tokens[1][3] = (served.tokens[1][3] + 1) % 50  # request 1 leaves its greedy decoding at token 3
+        return served
+
+    monkeypatch.setattr(load_run, "serve_autoregressive", one_wrong_token)
+    run = load_run.LoadRun(config, load_settings(config.load, {"rates": [4.0], "requests": 3}), tmp_path)
+    summary = run.run()
+    (cell,) = summary["cells"]
+    assert cell["mismatches"] == 1
+    row = json.loads(next((tmp_path / "cells").glob("*.json")).read_text())["requests"][1]
+    reference = run._reference[1]
+    assert (row["diverged_at"], row["reference_token"], row["token"]) == (3, reference[3], (reference[3] + 1) % 50)
+    prompt = run._prompts[1]
+    assert row["margin"] == pytest.approx(logit_margin(run._target().model, prompt + reference[:3]))
+    assert cell["near_ties"] == (1 if row["margin"] < 1e-3 else 0)
+    (line,) = mismatch_lines(tmp_path)
+    assert "round 1, request 1: token 3" in line and f"{row['margin']:.3g}" in line
+    assert markdown_table(summary).rstrip().endswith("| 1 |" if not cell["near_ties"] else "| 1 (1 near-tie) |")
+
+
+def test_near_ties_count_only_mismatches_at_a_float32_margin():
+    from specframe.experiments.load.metrics import pooled
+
+    rows = [{"arrival": 0.0, "joined": 0.0, "first_token": 0.0, "finish": 1.0, "tokens": 2, "mismatch": m, **extra}
+            for m, extra in ((True, {"margin": 3e-5}), (True, {"margin": 0.4}), (False, {}), (True, {}))]
+    figures = pooled([{"requests": rows, "span": 1.0, "live_batch_mean": 1.0, "live_batch_max": 1, "row_steps": 1,
+                       "speculated_steps": 0}], None)
+    assert (figures["mismatches"], figures["near_ties"]) == (3, 1)

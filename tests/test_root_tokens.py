@@ -4,7 +4,6 @@ same tokens as plain greedy decoding, and the per-row path kept for verifiers wi
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

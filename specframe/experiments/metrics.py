@@ -30,6 +30,10 @@ from specframe.experiments.accuracy import score
 from specframe.experiments.pairing import check_devices, pair_key, per_device
 from specframe.experiments.runs import RunDir, answer_key as _key, read_answers
 
+#: A top-2 logit margin below this is a float32 near-tie: the same sums in another order (another
+#: batch shape, tree or kernel) can flip the argmax there; a divergence at a larger margin is a bug.
+NEAR_TIE = 1e-3
+
 ALL = "all"
 MAX_RANK = 10  # funnel columns 0..MAX_RANK-1 and one bucket for ranks >= MAX_RANK
 BOOTSTRAP = 2000

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe.experiments.explorer import shape_extremes, write_explorer
-from specframe.experiments.metrics import load_run, summarize
+from specframe.experiments.metrics import NEAR_TIE, load_run, summarize
 from specframe.experiments.pairing import device_lines
 from specframe.experiments.runs import RunDir, write_json
 
@@ -186,7 +186,7 @@ def notice_lines(summary: dict) -> list[str]:
         out.append(f"arm {div['arm']}, question {div['question_id']!r} (repeat {div['repeat']}, turn {div['turn']}): "
                    f"differs from autoregressive at token {div['position']} ({div['arm_token']} instead of "
                    f"{div['reference_token']}); the target's top-2 logit margin there is {div['margin']:.3g}"
-                   + (" (a float32 near-tie)" if div["margin"] < 1e-3 else ""))
+                   + (" (a float32 near-tie)" if div["margin"] < NEAR_TIE else ""))
     for name, count in by_design.items():
         out.append(f"arm {name} (lossy) differs from autoregressive in {count} answer(s), as its verifier allows "
                    "(divergences.json lists where, with the target's margin there)")

@@ -58,8 +58,28 @@ def load_command(config_path: Path, options: dict[str, Any], out: Path | None, p
     except KeyboardInterrupt:
         exit_interrupted(console, "cells", out_dir)
     console.print(markdown_table(summary), markup=False)
-    bad = [f"{c['arm']} @ {c['rate']:g}/s" for c in summary["cells"] if c["mismatches"]]
-    if bad:
-        console.print(f"[red]mismatches against greedy decoding[/] in {', '.join(bad)}")
+    for line in mismatch_lines(out_dir):
+        console.print(line, markup=False)
     console.print(f"Summary: {out_dir / 'summary.json'}  table: {out_dir / 'table.md'}  plots: {out_dir / 'plots'}",
                   markup=False)
+
+
+def mismatch_lines(out_dir: Path) -> list[str]:
+    """One line per request of the run's cells that left its greedy decoding: where, and the
+    target's top-2 logit margin there (a float32 near-tie, or a bug)."""
+    from specframe.experiments.load.store import read_json
+    from specframe.experiments.metrics import NEAR_TIE
+
+    lines = []
+    for path in sorted((Path(out_dir) / "cells").glob("*.json")):
+        cell = read_json(path) or {}
+        for i, row in enumerate(cell.get("requests", [])):
+            if not row.get("mismatch"):
+                continue
+            margin = row.get("margin")
+            verdict = "" if margin is None else f"; the target's top-2 logit margin there is {margin:.3g}" + (
+                " (a float32 near-tie)" if margin < NEAR_TIE else " (not a near-tie: a bug to report)")
+            lines.append(f"mismatch: {cell['arm']} @ {cell['rate']:g}/s, round {cell.get('round', 0) + 1}, request {i}: "
+                         f"token {row.get('diverged_at')} is {row.get('token')}, greedy decoding's "
+                         f"{row.get('reference_token')}{verdict}")
+    return lines

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from specframe.experiments.divergence import first_difference
 from specframe.experiments.load.serve import Served
+from specframe.experiments.metrics import NEAR_TIE
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -27,10 +29,21 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def request_rows(served: Served, reference: Sequence[Sequence[int]]) -> list[dict]:
     """Per request: its times (seconds), tokens and whether its output differs from its own
-    greedy decoding (``reference``)."""
-    return [{"arrival": served.arrivals[i], "joined": served.joined[i], "first_token": served.first_token[i],
-             "finish": served.finish[i], "tokens": len(tokens), "mismatch": list(tokens) != list(reference[i])}
-            for i, tokens in enumerate(served.tokens)]
+    greedy decoding (``reference``); a differing one also names the first differing position
+    (``diverged_at``) and the two tokens there (None past an answer's end)."""
+    rows = []
+    for i, tokens in enumerate(served.tokens):
+        row = {"arrival": served.arrivals[i], "joined": served.joined[i], "first_token": served.first_token[i],
+               "finish": served.finish[i], "tokens": len(tokens), "mismatch": list(tokens) != list(reference[i])}
+        if row["mismatch"]:
+            at = first_difference(reference[i], tokens)
+            row.update(diverged_at=at, reference_token=_at(reference[i], at), token=_at(tokens, at))
+        rows.append(row)
+    return rows
+
+
+def _at(tokens: Sequence[int], position: int) -> int | None:
+    return int(tokens[position]) if position < len(tokens) else None
 
 
 def request_figures(row: dict) -> dict:
@@ -71,7 +84,8 @@ def pooled(rounds: Sequence[dict], slo_tpot_ms: float | None) -> dict:
     request_throughput (requests/s), ttft_*, tpot_*, latency_*, queue_* (p50/p90/p99 and mean,
     seconds), goodput (tokens/s of the requests whose TPOT met ``slo_tpot_ms``; None without an
     SLO), live_batch_mean / _max, speculated (share of sequence-steps that verified more than
-    their root), mismatches and rounds."""
+    their root), mismatches, near_ties (those at a float32 near-tie of the target: their
+    ``margin``, set by the run, below ``NEAR_TIE``) and rounds."""
     rows = [r for rnd in rounds for r in rnd["requests"]]
     timed = [request_figures(r) for r in rows]
     span = sum(rnd["span"] for rnd in rounds)
@@ -95,6 +109,9 @@ def pooled(rounds: Sequence[dict], slo_tpot_ms: float | None) -> dict:
     steps = sum(rnd["row_steps"] for rnd in rounds)
     out["speculated"] = sum(rnd["speculated_steps"] for rnd in rounds) / steps if steps else 0.0
     out["mismatches"] = sum(1 for r in rows if r["mismatch"])
+    # A divergence where the target's top-2 margin is a float32 near-tie (batched shapes round
+    # differently) is told apart from one at a clear margin (a bug), as a run's report does.
+    out["near_ties"] = sum(1 for r in rows if r["mismatch"] and r.get("margin") is not None and r["margin"] < NEAR_TIE)
     return out
 
 

@@ -106,11 +106,22 @@ class LoadRun:
             served = serve_speculative(runner.load_batch, prompts, arrivals, s.max_live, cfg.max_new_tokens, eos)
         else:
             served = serve_autoregressive(self._target(), prompts, arrivals, s.max_live, cfg.max_new_tokens, eos)
+        record = round_record(served, reference)
+        self._margins(record["requests"], prompts, reference)
         cell = {"key": key, "arm": arm.name, "rate": rate, "round": round_,
                 "allocator": arm.batch_allocator.name if arm.batch_allocator else None,
-                "series": {"step_at": served.step_at, "step_live": served.step_live}, **round_record(served, reference)}
+                "series": {"step_at": served.step_at, "step_live": served.step_live}, **record}
         write_json(cell_path(self.out_dir, rate, arm.name, round_), cell)
         return cell
+
+    def _margins(self, rows: list[dict], prompts: list[list[int]], reference: list[list[int]]) -> None:
+        """Give every request that left its greedy decoding the target's top-2 logit margin where
+        it did (a plain forward over the prompt and the common prefix): a near-tie or a bug?"""
+        from specframe.experiments.divergence import logit_margin
+
+        for i, row in enumerate(rows):
+            if row["mismatch"]:
+                row["margin"] = logit_margin(self._target().model, prompts[i] + reference[i][: row["diverged_at"]])
 
     def _target(self) -> Any:
         if self._pool is None:

@@ -12,12 +12,15 @@ COLUMNS = (("rate", "rate (req/s)", "{:g}"), ("arm", "arm", "{}"), ("throughput"
            ("tpot_mean", "TPOT mean (ms)", "ms"), ("tpot_p99", "TPOT p99 (ms)", "ms"),
            ("latency_p50", "latency p50 (s)", "{:.2f}"), ("latency_p99", "latency p99 (s)", "{:.2f}"),
            ("goodput", "goodput (tok/s)", "{:.1f}"), ("live_batch_mean", "live batch", "{:.1f}"),
-           ("speculated", "speculating", "{:.0%}"), ("mismatches", "mismatches", "{}"))
+           ("speculated", "speculating", "{:.0%}"), ("mismatches", "mismatches", "mismatches"))
 
 
-def _cell(value: object, form: str) -> str:
+def _cell(value: object, form: str, cell: dict) -> str:
     if value is None:
         return "-"
+    if form == "mismatches":
+        ties = cell.get("near_ties") or 0
+        return f"{value}" + (f" ({ties} near-tie{'s' if ties > 1 else ''})" if ties else "")
     if form == "ms":
         return f"{1000 * float(value):.1f}"
     return form.format(value)
@@ -30,7 +33,7 @@ def markdown_table(summary: dict) -> str:
     lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for c in cells:
-        lines.append("| " + " | ".join(_cell(c.get(key), form) for key, _, form in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(c.get(key), form, c) for key, _, form in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 

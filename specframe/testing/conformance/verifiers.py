@@ -155,6 +155,26 @@ class VerifierConformance(Conformance):
             getattr(packed, f) == getattr(plain, f) for f in fields), (
             f"the engine's packed read {packed} differs from the host reference {plain}")
 
+    @FAST
+    @given(rows=st.integers(1, 5), seed=st.integers(0, 2**31 - 1), coarse=st.booleans())
+    def test_root_tokens_match_verify(self, rows, seed, coarse):
+        """Where the verifier answers switched-off rows in one call (``root_tokens`` returns a
+        tensor), row r's token is the bonus :meth:`~specframe.Verifier.verify` gives root r alone
+        from the same generator state (coarse logits tie, so the tie rule is compared too)."""
+        verifier = self.make_verifier()
+        logits = torch.randn(rows, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+        logits = logits.round() if coarse else logits
+        batched = verifier.root_tokens(logits, [torch.Generator().manual_seed(seed + 1 + r) for r in range(rows)])
+        if batched is None:  # the default: the engine verifies each root alone
+            return
+        assert tuple(batched.shape) == (rows,) and not batched.is_floating_point(), (
+            f"root_tokens returned {batched!r}, not one integer token per row")
+        for r in range(rows):
+            root = DraftTree.root(3)
+            last, bonus = verifier.verify(root, logits[r : r + 1], torch.Generator().manual_seed(seed + 1 + r))
+            assert int(batched[r]) == int(bonus), (
+                f"root_tokens gave row {r} token {int(batched[r])}, verify on its root alone {int(bonus)}")
+
     def _cases(self, modes: Iterable[str] = DRAFTING_MODES) -> Iterable[tuple[str, torch.Tensor, Any]]:
         """Distribution cases: (drafting mode, target logits, tree or tree sampler), for the
         drafting modes in ``modes`` (the random draws are the same whichever are asked)."""
