@@ -131,6 +131,10 @@ class GoodputOptions(AllocatorOptions):
             speculates again never measures again).
         cache_len: the context length the cost curve is read at (tokens).
         draft_cost: also charge each row's measured drafting and building time per node.
+        pool_prior: a row's prior is the live rows' acceptance rate together (their last
+            ``window`` speculative steps each; ``prior`` while none has any), so a request that
+            just joined starts from what its companions measure, as SmartSpec's moving average
+            over the batch does, instead of from a fixed guess.
     """
 
     window: int = 8
@@ -138,6 +142,7 @@ class GoodputOptions(AllocatorOptions):
     prior_weight: float = 2.0
     cache_len: int = 256
     draft_cost: bool = True
+    pool_prior: bool = True
 
     def __post_init__(self) -> None:
         if int(self.window) < 1:
@@ -160,6 +165,13 @@ def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float, weigh
     if tries + weight == 0:
         return prior
     return min((sum(s.accepted for s in spec) + prior * weight) / (tries + weight), 0.999)
+
+
+def pooled_acceptance(history: Sequence[Sequence[StepStats]], window: int, prior: float, weight: float) -> float:
+    """The rows' acceptance rate together: :func:`acceptance_rate` over each row's last
+    ``window`` speculative steps; ``prior`` (with ``weight``) where no row has any."""
+    steps = [s for h in history for s in [x for x in h if x.tree_size > 1][-window:]]
+    return acceptance_rate(steps, max(len(steps), 1), prior, weight)
 
 
 def node_cost(steps: Sequence[StepStats], window: int) -> float:
@@ -233,7 +245,10 @@ class Goodput(BatchAllocator):
         if self.curves is None:
             return _all_on(caps, total)
         o = self.options
-        alphas = [acceptance_rate(h, int(o.window), float(o.prior), float(o.prior_weight)) for h in history]
+        prior = float(o.prior)
+        if o.pool_prior:
+            prior = pooled_acceptance(history, int(o.window), prior, float(o.prior_weight))
+        alphas = [acceptance_rate(h, int(o.window), prior, float(o.prior_weight)) for h in history]
         costs = [node_cost(h, int(o.window)) if o.draft_cost else 0.0 for h in history]
         price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps))
         return goodput_budgets(alphas, costs, caps, total, price)

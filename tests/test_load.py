@@ -139,6 +139,20 @@ def test_goodput_keeps_a_row_on_after_one_rejected_step_where_trees_are_cheap():
     assert goodput(lambda n: 1.0 + 0.5 * n).budgets([5], [[stats(5, 4, 0)] * 8], 5) == [1]
 
 
+def test_goodput_starts_a_joining_row_from_its_companions_acceptance():
+    # A row that just joined (no steps) beside rows that accept little: with the pooled prior it
+    # starts from their rate and stays off where a step of 2-node trees costs 10% more (3 rows,
+    # flat layout: the fixed prior's 0.6 more tokens would pay for it, their ~0.07 does not).
+    # Beside rows that accept everything it speculates.
+    fresh, poor, good = [], [stats(5, 4, 0)] * 8, [stats(5, 4, 4)] * 8
+    dear = lambda n: 1.0 + 0.1 * (n - 1)  # noqa: E731
+    assert goodput(dear).budgets([5, 1, 1], [fresh, poor, poor], 7)[0] == 1
+    fixed = make_allocator(("goodput", {"draft_cost": False, "pool_prior": False}))
+    fixed.price_batch(Curves(dear), "flat")
+    assert fixed.budgets([5, 1, 1], [fresh, poor, poor], 7)[0] > 1
+    assert goodput(dear).budgets([5, 1, 1], [fresh, good, good], 7)[0] > 1
+
+
 @pytest.mark.parametrize("name", ["threshold", "schedule", "goodput"])
 def test_load_allocators_keep_the_engine_rules(name):
     alloc = make_allocator(name)
