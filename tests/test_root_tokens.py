@@ -4,6 +4,7 @@ same tokens as plain greedy decoding, and the per-row path kept for verifiers wi
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,3 +116,20 @@ def test_steps_that_mix_off_and_speculating_rows_stay_greedy():
     out = BatchDecoder(dec, EveryOther(AllocatorOptions())).generate(PROMPTS, 8, None, max_live=3)
     assert [o.tokens for o in out.outputs] == greedy
     assert {s.tree_size > 1 for o in out.outputs for s in o.steps} == {False, True}
+
+
+def test_root_tokens_of_the_wrong_form_are_refused_naming_the_verifier():
+    from specframe.decode.contract import EngineError
+    from specframe.verifiers.greedy import GreedyVerifier
+
+    class OneShort(GreedyVerifier):
+        """A plugin whose batched answer drops a row."""
+
+        name = "one-short"
+
+        def root_tokens(self, root_logits, generators):
+            return root_logits.max(dim=-1).indices[1:]
+
+    batcher = BatchDecoder(_decoder(OneShort(None)), ("threshold", {"disable_by_batch_size": 1}))
+    with pytest.raises(EngineError, match=r"verifier 'one-short': root_tokens returned \(4,\)"):
+        batcher.generate(PROMPTS, 4, None)

@@ -389,6 +389,10 @@ class SpecDecoder:
         off = [b for b, limit in enumerate(limits) if limit <= 1]
         bonus = verifier.root_tokens(torch.stack([logits[b][0] for b in off]), [rows[b].generator for b in off]) \
             if off else None
+        if bonus is not None and (tuple(bonus.shape) != (len(off),) or bonus.is_floating_point()):
+            # Metadata only, as checked_decision checks verify's form: no host read.
+            raise EngineError(f"verifier {verifier.name!r}: root_tokens returned {tuple(bonus.shape)} "
+                              f"{bonus.dtype} for {len(off)} switched-off rows; return one integer token per row")
         batched = set(off) if bonus is not None else set()
         records, paths = [], []
         for b, (row, tree, limit, ok, row_logits) in enumerate(zip(rows, trees, limits, flags, logits)):
