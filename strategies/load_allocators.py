@@ -155,12 +155,17 @@ class GoodputOptions(AllocatorOptions):
             raise ValueError(f"cache_len must be >= 1 (tokens), got {self.cache_len!r}")
 
 
+def recent_speculative(steps: Sequence[StepStats], window: int) -> list[StepStats]:
+    """A row's last ``window`` steps that verified more than their root (what it measured)."""
+    return [s for s in steps if s.tree_size > 1][-window:]
+
+
 def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float, weight: float = 0.0) -> float:
     """A row's per-token acceptance rate from its last ``window`` speculative steps: accepted
     tokens over tries, a try being each accepted token plus the rejection that ended a step
     short of its tree's depth (the geometric model's estimate), with ``prior`` counted as
     ``weight`` tries beside them (a Beta prior's mean); ``prior`` without such steps."""
-    spec = [s for s in steps if s.tree_size > 1][-window:]
+    spec = recent_speculative(steps, window)
     tries = sum(s.accepted + (1 if s.accepted < s.depth else 0) for s in spec)
     if tries + weight == 0:
         return prior
@@ -170,13 +175,13 @@ def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float, weigh
 def pooled_acceptance(history: Sequence[Sequence[StepStats]], window: int, prior: float, weight: float) -> float:
     """The rows' acceptance rate together: :func:`acceptance_rate` over each row's last
     ``window`` speculative steps; ``prior`` (with ``weight``) where no row has any."""
-    steps = [s for h in history for s in [x for x in h if x.tree_size > 1][-window:]]
+    steps = [s for h in history for s in recent_speculative(h, window)]
     return acceptance_rate(steps, max(len(steps), 1), prior, weight)
 
 
 def node_cost(steps: Sequence[StepStats], window: int) -> float:
     """Seconds of drafting and building per draft node over a row's recent speculative steps."""
-    spec = [s for s in steps if s.tree_size > 1][-window:]
+    spec = recent_speculative(steps, window)
     nodes = sum(s.tree_size - 1 for s in spec)
     return sum(s.draft_time + s.policy_time for s in spec) / nodes if nodes else 0.0
 
