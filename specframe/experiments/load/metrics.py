@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from specframe.experiments.divergence import first_difference
 from specframe.experiments.load.serve import Served
 from specframe.experiments.metrics import NEAR_TIE
 
@@ -29,21 +28,10 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def request_rows(served: Served, reference: Sequence[Sequence[int]]) -> list[dict]:
     """Per request: its times (seconds), tokens and whether its output differs from its own
-    greedy decoding (``reference``); a differing one also names the first differing position
-    (``diverged_at``) and the two tokens there (None past an answer's end)."""
-    rows = []
-    for i, tokens in enumerate(served.tokens):
-        row = {"arrival": served.arrivals[i], "joined": served.joined[i], "first_token": served.first_token[i],
-               "finish": served.finish[i], "tokens": len(tokens), "mismatch": list(tokens) != list(reference[i])}
-        if row["mismatch"]:
-            at = first_difference(reference[i], tokens)
-            row.update(diverged_at=at, reference_token=_at(reference[i], at), token=_at(tokens, at))
-        rows.append(row)
-    return rows
-
-
-def _at(tokens: Sequence[int], position: int) -> int | None:
-    return int(tokens[position]) if position < len(tokens) else None
+    greedy decoding (``reference``)."""
+    return [{"arrival": served.arrivals[i], "joined": served.joined[i], "first_token": served.first_token[i],
+             "finish": served.finish[i], "tokens": len(tokens), "mismatch": list(tokens) != list(reference[i])}
+            for i, tokens in enumerate(served.tokens)]
 
 
 def request_figures(row: dict) -> dict:

@@ -107,21 +107,25 @@ class LoadRun:
         else:
             served = serve_autoregressive(self._target(), prompts, arrivals, s.max_live, cfg.max_new_tokens, eos)
         record = round_record(served, reference)
-        self._margins(record["requests"], prompts, reference)
+        self._divergences(record["requests"], arm.name, round_, prompts, reference, served.tokens)
         cell = {"key": key, "arm": arm.name, "rate": rate, "round": round_,
                 "allocator": arm.batch_allocator.name if arm.batch_allocator else None,
                 "series": {"step_at": served.step_at, "step_live": served.step_live}, **record}
         write_json(cell_path(self.out_dir, rate, arm.name, round_), cell)
         return cell
 
-    def _margins(self, rows: list[dict], prompts: list[list[int]], reference: list[list[int]]) -> None:
-        """Give every request that left its greedy decoding the target's top-2 logit margin where
-        it did (a plain forward over the prompt and the common prefix): a near-tie or a bug?"""
-        from specframe.experiments.divergence import logit_margin
+    def _divergences(self, rows: list[dict], arm: str, round_: int, prompts: list[list[int]],
+                     reference: list[list[int]], answers: list[list[int]]) -> None:
+        """Give every request that left its greedy decoding where it did (``diverged_at``, the
+        greedy ``reference_token`` and its ``token``) and the target's top-2 logit ``margin``
+        there, as a run's divergences.json does: a float32 near-tie, or a bug?"""
+        from specframe.experiments.divergence import find_divergence
 
         for i, row in enumerate(rows):
             if row["mismatch"]:
-                row["margin"] = logit_margin(self._target().model, prompts[i] + reference[i][: row["diverged_at"]])
+                div = find_divergence(self._target().model, arm, i, round_, 0, prompts[i], reference[i], answers[i])
+                row.update(diverged_at=div.position, reference_token=div.reference_token, token=div.arm_token,
+                           margin=div.margin)
 
     def _target(self) -> Any:
         if self._pool is None:
