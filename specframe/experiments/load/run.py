@@ -186,8 +186,8 @@ class LoadRun:
                              for (rate, arm), rounds in sorted(results.items(), key=lambda kv: kv[0][0])]}
         write_json(self.out_dir / "summary.json", summary)
         (self.out_dir / "table.md").write_text(markdown_table(summary), encoding="utf-8")
-        first = {k: min(rounds, key=lambda c: c["round"]) for k, rounds in results.items()}
-        series = {k: (c["series"]["step_at"], c["series"]["step_live"]) for k, c in first.items()}
+        # Each list is in round order (the cells run round by round): round 0 stands for the rounds.
+        series = {k: (rounds[0]["series"]["step_at"], rounds[0]["series"]["step_live"]) for k, rounds in results.items()}
         make_plots(summary, series, self.out_dir)
         return summary
 
