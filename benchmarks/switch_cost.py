@@ -34,7 +34,7 @@ import torch
 from specframe.decode.batch import BatchDecoder
 from specframe.experiments.config import load_config
 from specframe.experiments.load.metrics import summarize
-from specframe.experiments.load.run import LoadRun, request_prompts
+from specframe.experiments.load.run import LoadRun, request_prompts, rotated
 from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
 from specframe.models.cache_keys import cpu_name
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> str:
     full: dict[str, list[float]] = {n: [] for n in names}
     outputs: dict[str, list] = {}
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in rotated(names, r):
             served = serve(name)
             outputs.setdefault(name, served.tokens)
             figures[name].append(summarize(served, served.tokens, None))

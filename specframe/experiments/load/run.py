@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -25,6 +25,8 @@ from specframe.experiments.load.metrics import pooled, round_record
 from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
 from specframe.experiments.load.store import cell_path, done_cell, read_json, write_json
+
+T = TypeVar("T")
 
 #: ``progress(done, total, label)``: called before each cell and once at the end.
 Progress = Callable[[int, int, str], None]
@@ -192,7 +194,7 @@ class LoadRun:
         return summary
 
 
-def rotated(arms: list[ArmConfig], round_: int) -> list[ArmConfig]:
-    """The arms in round ``round_``'s order: the file's order turned left by the round."""
+def rotated(arms: Sequence[T], round_: int) -> list[T]:
+    """The arms in round ``round_``'s order: the given order turned left by the round."""
     k = round_ % len(arms)
-    return arms[k:] + arms[:k]
+    return [*arms[k:], *arms[:k]]
