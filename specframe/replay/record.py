@@ -25,7 +25,7 @@ import torch
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import PromptEncoder, load_questions
 from specframe.decode.engine import SpecDecoder, make_plugin
-from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_bars
+from specframe.experiments.loading import ModelPool, load_tokenizer, no_loading_bars, stop_tokens
 from specframe.models.gguf import pid_alive
 from specframe.models.target import TargetModel
 from specframe.replay.projection import fit_rest
@@ -265,7 +265,7 @@ class Recorder:
         first = self.encoder.encode(questions[0].turns, [], None)
         self.layers = hidden_layers(config, pool, self.target, first)
         self.curve = curve_for(self.target)
-        self.eos = _eos(config, self.target)
+        self.eos = stop_tokens(config, self.target)
         self.decoder = SpecDecoder.build(self.target, drafter=RECORD_DRAFTER, policy=RECORD_POLICY, verifier="greedy")
         self.extra = _extra_tokens(config)
 
@@ -317,13 +317,6 @@ def assemble_trace(config: ExperimentConfig, environment: dict, layers: list[int
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
-
-
-def _eos(config: ExperimentConfig, target: TargetModel) -> set[int]:
-    ids = target.eos_token_id
-    if not config.stop_at_eos or ids is None:
-        return set()
-    return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
 def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int], max_new: int, extra: int,
