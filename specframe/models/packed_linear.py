@@ -98,6 +98,9 @@ class NativeLinear(nn.Module):
             raise RuntimeError("the native kernel cannot be built here (see specframe.models.native_gemm.unavailable_reason)")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        #: Most rows the kernel takes (None: every row count, as the exact forward needs, for
+        #: a row's result must not depend on which kernel its call size picks).
+        self.max_rows: int | None = NATIVE_MAX_ROWS
         w = self.weight.detach()
         self._packed = ops.pack(w) if w.dtype == torch.float32 and w.device.type == "cpu" else None
         # The extension's function, not its module: a builtin function deep-copies as itself (a
@@ -108,7 +111,7 @@ class NativeLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed panels for a few float32 rows."""
         rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if not 0 < rows <= NATIVE_MAX_ROWS or self._packed is None or _plain(x):
+        if not 0 < rows <= (self.max_rows or rows) or self._packed is None or _plain(x):
             return F.linear(x, self.weight, self.bias)
         out = self._linear(x.reshape(rows, x.shape[-1]), self._packed, self.out_features,
                                None if self.bias is None else self.bias.detach())

@@ -20,8 +20,9 @@ import torch
 
 from specframe.models.attention import NAME as GQA_SDPA
 from specframe.models.attention import use_gqa_sdpa
+from specframe.models.exact.attention import NAME as EXACT
 
-SUPPORTED_ATTENTION = ("sdpa", "eager", GQA_SDPA)
+SUPPORTED_ATTENTION = ("sdpa", "eager", GQA_SDPA, EXACT)
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 SUPPORTED_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
@@ -419,6 +420,7 @@ def load_causal_lm(
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
     linears: str = "float32",
+    exact: bool = False,
 ) -> Any:
     """Load a causal LM from a local path, a hub id or a shipped name (``demo-target``, ...).
 
@@ -427,11 +429,17 @@ def load_causal_lm(
     :func:`specframe.models.attention.use_gqa_sdpa` (the same attention without copying K/V per head).
     ``linears="bf16"`` runs its linears through the row-invariant bf16 kernel where the CPU
     has one (:mod:`specframe.models.linears`, as ``[target] linears``); ValueError names the
-    valid values.
+    valid values. ``exact=True`` makes it run the exact forward (:mod:`specframe.models.exact`:
+    a token's logits depend only on its prefix, bit for bit); a device without the exact
+    kernel is refused in one line before anything loads.
     """
     from specframe.models.linears import apply_linears, check_linears
 
     check_linears(linears)
+    if exact:
+        from specframe.models.exact import check_exact_device
+
+        check_exact_device(device)
     from transformers import AutoModelForCausalLM
 
     from specframe.models.assets import resolve_model_path
@@ -446,4 +454,8 @@ def load_causal_lm(
     use_gqa_sdpa(model)
     if linears != "float32":
         apply_linears(model, linears)
+    if exact:
+        from specframe.models.exact import use_exact
+
+        use_exact(model)
     return model.eval()
