@@ -159,6 +159,7 @@ class SpecDecoder:
         verifier: PluginSpec = "greedy",
         strict: bool | None = None,
         compile: bool = False,
+        exact: bool = False,
     ) -> "SpecDecoder":
         """Assemble a decoder from a transformers model (or TargetModel) and plugin specs.
 
@@ -167,8 +168,12 @@ class SpecDecoder:
         :class:`SpecDecoder`. ``compile``: run the target's forward through ``torch.compile``
         (:meth:`TargetModel.compile`; see docs/performance.md for when it pays). KV-cache
         pre-allocation is the target's option: pass ``TargetModel(model, preallocate=...)``.
+        ``exact``: run the target's exact forward (:mod:`specframe.models.exact`, in place on the
+        model), so greedy output equals greedy decoding bit for bit by construction.
         """
         tgt = target if isinstance(target, TargetModel) else TargetModel(target)
+        if exact and not tgt.exact:
+            tgt.use_exact()
         if compile and not tgt.compiled:
             tgt.compile()
         pol = make_plugin("policies", policy)

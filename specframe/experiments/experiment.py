@@ -137,7 +137,8 @@ class Experiment:
         run_file.check(cfg.name, self.fingerprint(), {a.name: self._arm_definition(a) for a in cfg.arms},
                        inputs=self._inputs(questions), max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
                        target=cfg.target.model, source=str(cfg.source or ""), torch=torch.__version__,
-                       linears=planned_label(cfg.target.linears, cfg.target.packed_linears))
+                       linears=planned_label(cfg.target.linears, cfg.target.packed_linears),
+                       exact=cfg.target.exact)
         references = {json.dumps(q.question_id): q.answer for q in questions if q.answer is not None}
         if references:  # what the report scores answers against (task accuracy)
             run_file.update(references={**run_file.read().get("references", {}), **references})

@@ -70,6 +70,10 @@ class ModelPool:
             from specframe.models.linears import apply_linears
 
             apply_linears(model, spec.linears, spec.packed_linears)
+        if spec.exact:
+            from specframe.models.exact import use_exact
+
+            use_exact(model)
         return model
 
     def _build_plain(self, spec: ModelSpec, is_target: bool) -> Any:

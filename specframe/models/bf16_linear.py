@@ -127,6 +127,10 @@ class Bf16Linear(nn.Module):
         self._code = _PATH_CODE[path]
         self._linear = ops.linear  # the function: deep-copies as itself, unlike the module
 
+    def repack(self) -> None:
+        """Pack :attr:`weight` again (after it changed in place, e.g. a perturbed copy)."""
+        self._packed = load_extension().pack(self.weight.detach())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``bf16(x) @ bf16(weight)^T + bias`` in float32 (``F.linear`` under autograd)."""
         if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():

@@ -33,16 +33,19 @@ def profiles_dir() -> Path:
 
 def model_identity(model: Any, kernel: str | None = None) -> str:
     """A readable model name and a hash of its config, then ``-<kernel>`` (the linear kernel
-    installed, given by the caller) and ``-gqa`` when its attention is
-    :mod:`specframe.models.attention`'s (both change the cost)."""
+    installed, given by the caller), ``-gqa`` when its attention is
+    :mod:`specframe.models.attention`'s and ``-exact`` when it runs the exact forward
+    (:mod:`specframe.models.exact`; all change the cost)."""
     from specframe.models.attention import NAME as GQA_SDPA
+    from specframe.models.exact.attention import NAME as EXACT
 
     cfg = model.config
     name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
     name = Path(name).name or (getattr(cfg, "architectures", None) or [type(model).__name__])[0]
     digest = hashlib.sha1(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:10]
     gqa = getattr(cfg, "_attn_implementation", None) == GQA_SDPA
-    return f"{safe(name)}-{digest}" + (f"-{kernel}" if kernel else "") + ("-gqa" if gqa else "")
+    exact = getattr(cfg, "_attn_implementation", None) == EXACT
+    return f"{safe(name)}-{digest}" + (f"-{kernel}" if kernel else "") + ("-gqa" if gqa else "") + ("-exact" if exact else "")
 
 
 def cpu_name() -> str:

@@ -108,6 +108,11 @@ class NativeLinear(nn.Module):
         # two hundred calls.
         self._linear = ops.linear
 
+    def repack(self) -> None:
+        """Pack :attr:`weight` again (after it changed in place, e.g. a perturbed copy)."""
+        if self._packed is not None:
+            self._packed = native_gemm.load_extension().pack(self.weight.detach())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed panels for a few float32 rows."""
         rows = x.numel() // x.shape[-1] if x.numel() else 0

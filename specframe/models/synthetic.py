@@ -189,6 +189,9 @@ def perturbed_copy(model: Any, noise: float, seed: int = 0) -> Any:
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise * p.std().clamp(min=1e-3))
+    for module in draft.modules():  # kernels that packed a copy of their weight must see the noise
+        if hasattr(module, "repack"):
+            module.repack()
     return draft.eval()
 
 

@@ -250,6 +250,19 @@ class TargetModel:
         self._call = torch.compile(self.model, **options)
         self.compiled = True
 
+    def use_exact(self) -> None:
+        """Run the exact forward from now on (:func:`specframe.models.exact.use_exact`, in place
+        on :attr:`model`): a token's logits then depend only on its prefix, bit for bit."""
+        from specframe.models.exact import use_exact
+
+        use_exact(self.model)
+        self.attn_implementation = self.model.config._attn_implementation
+
+    @property
+    def exact(self) -> bool:
+        """Whether the model runs the exact forward."""
+        return self.attn_implementation == EXACT
+
     # ------------------------------------------------------------------ cache
     def reset(self, capacity: int | None = None) -> None:
         """Drop the KV cache (start of a new sequence).

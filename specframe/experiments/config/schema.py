@@ -52,6 +52,9 @@ class ModelSpec:
         linears: ``"float32"`` (the default: as ``packed_linears`` says) or ``"bf16"``
             (:mod:`specframe.models.linears`: row-invariant bf16 linears where the CPU has
             ``amx_bf16`` or ``avx512_bf16``, else the float32 path with one warning line).
+        exact: run the exact forward (:mod:`specframe.models.exact`): a token's logits depend
+            only on its prefix, bit for bit, so every arm's greedy output is the autoregressive
+            one by construction. CPU only; another device is refused in one line.
     """
 
     model: str = field(metadata={"help": "a path, hub id, shipped name or random:<arch>"})
@@ -62,6 +65,7 @@ class ModelSpec:
     random: dict = field(default_factory=dict)
     packed_linears: bool | str = False
     linears: str = DEFAULT_LINEARS
+    exact: bool = False
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
@@ -304,11 +308,13 @@ class _Arm:
 
 # ---------------------------------------------------------------------- helpers
 def _spec_print(spec: ModelSpec) -> dict:
-    """A model table as the fingerprint keeps it: default ``linears`` left out, so runs written
-    before the switch existed still match."""
+    """A model table as the fingerprint keeps it: default ``linears`` and ``exact`` left out, so
+    runs written before those switches existed still match."""
     data = dataclasses.asdict(spec)
     if data.get("linears") == DEFAULT_LINEARS:
         del data["linears"]
+    if not data.get("exact"):
+        data.pop("exact", None)
     return data
 
 
