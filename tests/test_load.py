@@ -193,6 +193,22 @@ def test_percentiles_and_summary_names():
         assert name in s
 
 
+def test_live_batch_mean_weights_each_step_by_its_own_duration_across_an_idle_gap():
+    """Two busy periods, 0.1 s at one live sequence and 0.1 s at two, ten idle seconds between:
+    the busy-time mean is 1.5, however long the gap (the clock's jump to the next arrival is
+    no step's duration)."""
+    from specframe.decode.batch import BatchOutput
+    from specframe.decode.engine import GenerationOutput
+    from specframe.experiments.load.metrics import round_record
+    from specframe.experiments.load.serve import from_batch
+
+    outputs = [GenerationOutput(tokens=[1], wall_time=t) for t in (0.1, 10.1, 10.1)]
+    out = BatchOutput(outputs=outputs, step_times=[0.1, 0.1], joined=[0.0, 10.0, 10.0], first_token=[0.1, 10.1, 10.1],
+                      step_at=[0.1, 10.1], step_live=[1, 2])
+    record = round_record(from_batch(out, [0.0, 10.0, 10.0]), [[1], [1], [1]])
+    assert record["live_batch_mean"] == pytest.approx(1.5)
+
+
 def test_load_run_writes_cells_summary_and_plots_and_resumes(tmp_path, monkeypatch):
     from specframe.experiments.config import load_config
     from specframe.experiments.load.run import LoadRun
