@@ -8,8 +8,9 @@ run pools stored rounds with new ones.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
+
+import numpy as np
 
 from specframe.experiments.load.serve import Served
 from specframe.experiments.metrics import NEAR_TIE
@@ -17,13 +18,8 @@ from specframe.experiments.metrics import NEAR_TIE
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0-100) of ``values``, interpolated linearly between order
-    statistics (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(at), math.ceil(at)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+    statistics (numpy's default method); None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 def request_rows(served: Served, reference: Sequence[Sequence[int]]) -> list[dict]:
