@@ -350,3 +350,33 @@ def test_near_ties_count_only_mismatches_at_a_float32_margin():
     figures = pooled([{"requests": rows, "span": 1.0, "live_batch_mean": 1.0, "live_batch_max": 1, "row_steps": 1,
                        "speculated_steps": 0}], None)
     assert (figures["mismatches"], figures["near_ties"]) == (3, 1)
+
+
+def test_specframe_load_prints_mismatches_of_this_runs_cells_only(tmp_path, monkeypatch):
+    """A cell file of a rate or arm not in this run (an earlier run into the same folder) is
+    not this run's: its mismatch is not printed."""
+    import io
+
+    from rich.console import Console
+
+    from specframe.experiments.load import table
+    from specframe.experiments.load.command import load_command
+    from specframe.experiments.load.run import LoadRun
+    from specframe.experiments.load.store import cell_path, write_json
+
+    def cell(rate, arm):
+        row = {"mismatch": True, "diverged_at": 2, "token": 7, "reference_token": 8, "margin": 0.5}
+        return {"arm": arm, "rate": rate, "round": 0, "requests": [row]}
+
+    write_json(cell_path(tmp_path, 4.0, "autoregressive", 0), cell(4.0, "autoregressive"))
+    write_json(cell_path(tmp_path, 9.0, "autoregressive", 0), cell(9.0, "autoregressive"))  # a rate not in this run
+    write_json(cell_path(tmp_path, 4.0, "gone", 0), cell(4.0, "gone"))  # an arm not in this run
+    summary = {"settings": {"rates": [4.0], "rounds": 1}, "arms": ["autoregressive"],
+               "cells": [{"rate": 4.0, "arm": "autoregressive"}]}
+    monkeypatch.setattr(LoadRun, "run", lambda self: summary)
+    monkeypatch.setattr(table, "markdown_table", lambda s: "")
+    printed = io.StringIO()
+    example = Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml"
+    load_command(example, {}, tmp_path, False, Console(file=printed, width=300))
+    lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("mismatch:")]
+    assert len(lines) == 1 and "autoregressive @ 4/s" in lines[0], lines
