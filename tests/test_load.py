@@ -337,7 +337,7 @@ def test_a_request_leaving_its_greedy_decoding_is_listed_with_the_targets_margin
     prompt = run._prompts[1]
     assert row["margin"] == pytest.approx(logit_margin(run._target().model, prompt + reference[:3]))
     assert cell["near_ties"] == (1 if row["margin"] < 1e-3 else 0)
-    (line,) = mismatch_lines(tmp_path)
+    (line,) = mismatch_lines(tmp_path, summary)
     assert "round 1, request 1: token 3" in line and f"{row['margin']:.3g}" in line
     assert markdown_table(summary).rstrip().endswith("| 1 |" if not cell["near_ties"] else "| 1 (1 near-tie) |")
 
