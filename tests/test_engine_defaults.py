@@ -42,3 +42,29 @@ def test_sglang_serves_eagle_at_its_own_defaults():
     result = export_arm(_arm(("eagle", {"path": "eagle/folder"}), ("eagle", {})), "sglang")
     assert result.settings["speculative_num_steps"] == _default("policies", "eagle", "depth") + 1
     assert result.settings["speculative_eagle_topk"] == _default("policies", "eagle", "top_k")
+
+
+def _allocator_field(name: str, option: str) -> dataclasses.Field:
+    from specframe.decode.allocate import allocator_classes
+
+    return next(f for f in dataclasses.fields(allocator_classes()[name].Options) if f.name == option)
+
+
+def _load_arm(allocator: str) -> ArmConfig:
+    arm = _arm(("model", {"model": "draft/folder"}), ("chain", {"gamma": 5}))
+    arm.batch_allocator = PluginRef(allocator, {})
+    return arm
+
+
+def test_a_threshold_exports_the_allocators_own_default(monkeypatch):
+    """``threshold`` without options exports its Options default (here moved to 6), not a copied 4."""
+    monkeypatch.setattr(_allocator_field("threshold", "disable_by_batch_size"), "default", 6)
+    vllm = export_arm(_load_arm("threshold"), "vllm")
+    assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 5, 5], [6, 6, 0]]
+    assert export_arm(_load_arm("threshold"), "sglang").settings["apdative_speculative_batch_size_threshold"] == 5
+
+
+def test_a_schedule_exports_the_allocators_own_default(monkeypatch):
+    monkeypatch.setattr(_allocator_field("schedule", "schedule"), "default_factory", lambda: [[1, 2, 3], [3, 3, 1]])
+    vllm = export_arm(_load_arm("schedule"), "vllm")
+    assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 3, 1]]
