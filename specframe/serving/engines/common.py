@@ -88,12 +88,19 @@ def model_path(value: str, ctx: ExportContext) -> str:
 
 def option_values(kind: str, ref: Any) -> dict[str, Any]:
     """``ref``'s options over its plugin's ``Options`` defaults: the values the plugin runs with,
-    so a mapping reads a default from the plugin, never from a copy of it here."""
+    so a mapping reads a default from the plugin, never from a copy of it here. ``kind``: a
+    plugin kind (``policies``, ``drafters``, ``verifiers``) or ``allocators``."""
     import dataclasses
 
-    from specframe.plugins import get_registry
+    if kind == "allocators":
+        from specframe.decode.allocate import allocator_classes
 
-    cls = getattr(get_registry().get(kind, ref.name), "Options", None)
+        plugin = allocator_classes()[ref.name]
+    else:
+        from specframe.plugins import get_registry
+
+        plugin = get_registry().get(kind, ref.name)
+    cls = getattr(plugin, "Options", None)
     defaults = {}
     if cls is not None and dataclasses.is_dataclass(cls):
         for f in dataclasses.fields(cls):
