@@ -18,12 +18,12 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 #: folder -> its layer; the modules directly in specframe/ are the core (docs/architecture.md).
-#: A sub-folder listed before its parent is a layer of its own (the serving commands sit above
-#: replay, while the serving interchange they call sits below the harness that reads engine arms).
+#: A sub-folder listed before its parent would be a layer of its own; none is: every folder is one
+#: layer (the serving commands, above replay, live in specframe/commands/, the serving interchange
+#: they call in specframe/serving/, below the harness that reads engine arms).
 FOLDERS = {"specframe.models": "models", "specframe.sizing": "sizing", "specframe.decode": "decode",
-           "specframe.serving.commands": "serving-commands", "specframe.serving": "serving",
-           "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.tuning": "tuning",
-           "specframe.testing": "testing"}
+           "specframe.serving": "serving", "specframe.experiments": "harness", "specframe.replay": "replay",
+           "specframe.commands": "commands", "specframe.tuning": "tuning", "specframe.testing": "testing"}
 #: How many modules the core (specframe/*.py besides __init__ and cli) may hold.
 MAX_CORE_MODULES = 12
 
@@ -39,9 +39,9 @@ RULES = {
     "serving": {"core", "models", "sizing", "decode"},                # specframe/serving/
     "harness": {"core", "models", "sizing", "decode", "serving"},     # specframe/experiments/
     "replay": {"core", "models", "sizing", "decode", "serving", "harness"},  # specframe/replay/
-    "serving-commands": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},
+    "commands": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},  # specframe/commands/
     "tuning": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},  # specframe/tuning/
-    "cli": {"core", "models", "sizing", "decode", "serving", "harness", "replay", "serving-commands",
+    "cli": {"core", "models", "sizing", "decode", "serving", "harness", "replay", "commands",
             "tuning"},                                                # specframe/cli.py
     "plugin": {"core", "models", "sizing", "decode"},                 # strategies/ drafters/ verifiers/
     "testing": {"core", "models", "sizing", "decode", "plugin"},      # specframe/testing/ (the kit)
