@@ -362,7 +362,8 @@ def test_specframe_load_prints_mismatches_of_this_runs_cells_only(tmp_path, monk
     from specframe.experiments.load import table
     from specframe.experiments.load.command import load_command
     from specframe.experiments.load.run import LoadRun
-    from specframe.experiments.load.store import cell_path, write_json
+    from specframe.experiments.load.store import cell_path
+    from specframe.experiments.runs import write_json
 
     def cell(rate, arm):
         row = {"mismatch": True, "diverged_at": 2, "token": 7, "reference_token": 8, "margin": 0.5}
