@@ -243,3 +243,17 @@ def test_the_checker_finds_injected_violations(tmp_path):
                   "specframe.drafters (plugin) imports", "specframe.strategies.chain (plugin) imports"):
         assert quiet not in report, f"{quiet!r} was flagged:\n{report}"
     assert len(problems) == len(expected)
+
+
+def test_no_private_name_is_exported():
+    """Every ``__all__`` of the tree names public names only: a name another layer needs is public."""
+    exported = []
+    for module, path in modules(REPO).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                try:
+                    names = ast.literal_eval(node.value)
+                except ValueError:  # computed (specframe/__init__.py: its lazy table's public names)
+                    continue
+                exported += [f"{module}.{name}" for name in names if name.startswith("_")]
+    assert not exported, f"private names in __all__: {exported}"
