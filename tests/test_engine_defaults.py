@@ -68,3 +68,25 @@ def test_a_schedule_exports_the_allocators_own_default(monkeypatch):
     monkeypatch.setattr(_allocator_field("schedule", "schedule"), "default_factory", lambda: [[1, 2, 3], [3, 3, 1]])
     vllm = export_arm(_load_arm("schedule"), "vllm")
     assert vllm.settings["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 3, 1]]
+
+
+def test_a_fixed_shape_and_a_lossless_verifier_come_from_the_plugins_not_a_list_of_names():
+    """The export asks the policy for its fixed shape (TreePolicy.fixed_shape) and the verifier
+    whether it is lossless and samples (class attributes), instead of lists of built-in names:
+    sequoia's shape is its own, and the lossless traversal verifier is approximated (the same
+    distribution, other draws), not refused as lossy; typical (lossy) is refused."""
+    from specframe.serving.engines.common import fixed_shape
+
+    sequoia = PluginRef("sequoia", {"budget": 6})
+    cls = specframe.get_registry().get("policies", "sequoia")
+    assert fixed_shape(sequoia) == tuple(tuple(p) for p in cls(cls.Options(budget=6)).shape())
+    assert fixed_shape(PluginRef("talon", {"budget": 8})) is None
+
+    def with_verifier(name: str) -> ArmConfig:
+        arm = _arm(("model", {"model": "draft/folder"}), ("static", {"choices": [[0], [0, 0]]}))
+        arm.verifier = PluginRef(name, {})
+        return arm
+
+    traversal = export_arm(with_verifier("traversal"), "vllm").fidelity
+    assert traversal.level == "approximated" and any("the traversal verifier" in r for r in traversal.reasons)
+    assert export_arm(with_verifier("typical"), "vllm").fidelity.level == "not expressible"
