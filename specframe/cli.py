@@ -279,7 +279,7 @@ def acceptance_command(source: Path, arm: str, trace_dir: Path | None, width: in
                        max_depth: int, out: Path | None) -> None:
     """Measure ARM's acceptance by depth and rank (Sequoia's acceptance vector) from SOURCE, a run
     directory or experiment file with recorded answers, or with --trace over a recorded trace."""
-    from specframe.serving.commands.cli import acceptance_main
+    from specframe.commands.serving import acceptance_main
 
     acceptance_main(source, arm, trace_dir, width, depth, fit, max_depth, out, _console())
 
@@ -296,7 +296,7 @@ def acceptance_command(source: Path, arm: str, trace_dir: Path | None, width: in
 def export_command(source: Path, arm: str, engine: str, out: Path | None, acceptance: Path | None) -> None:
     """Write ARM of SOURCE (run directory or experiment file) in an engine's vocabulary, with a
     fidelity statement: exact, approximated (how) or not expressible (why; exit code 1)."""
-    from specframe.serving.commands.cli import export_main
+    from specframe.commands.serving import export_main
 
     export_main(source, arm, engine, out, acceptance, _console())
 

@@ -250,6 +250,12 @@ class TreePolicy(ABC):
             "(a 'budget' option) or override the max_budget property"
         )
 
+    def fixed_shape(self) -> tuple[tuple[int, ...], ...] | None:
+        """The rank paths of the tree this policy drafts when its shape is fixed before decoding
+        (a serving engine's static tree then serves it as it is); None, the default, for a tree
+        that depends on each step (an export fits a static tree to measured acceptance)."""
+        return None
+
     def reset(self) -> None:
         """Forget adaptive state at the start of a generation."""
 

@@ -202,6 +202,10 @@ class SequoiaPolicy(TreePolicy):
             self._paths[n_max] = optimal_paths(table, m, d)
         return self._paths[n_max]
 
+    def fixed_shape(self) -> tuple[tuple[int, ...], ...]:
+        """The DP-optimal shape at the configured budget, fixed before decoding."""
+        return tuple(tuple(p) for p in self.shape())
+
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Draft the DP-optimal shape with the drafter's ranked children."""
         return build_from_rank_paths(session, self.shape(budget), int(budget))

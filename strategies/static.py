@@ -62,6 +62,10 @@ class StaticPolicy(TreePolicy):
         """The configured tree's size, root included (the shape fixes it: no budget option)."""
         return len(self.options.paths) + 1
 
+    def fixed_shape(self) -> tuple[tuple[int, ...], ...]:
+        """The configured rank paths: every step drafts them."""
+        return tuple(tuple(p) for p in self.options.paths)
+
     def build(self, session: DraftSession, budget: int) -> DraftTree:
         """Fill the rank paths with the drafter's ranked children."""
         return build_from_rank_paths(session, self.options.paths, int(budget))

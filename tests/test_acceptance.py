@@ -130,7 +130,7 @@ def test_probe_of_width_one_is_the_chain_it_equals(traced):
     # A probe 1 wide and 3 deep drafts the same trees as chain gamma=3: two code paths
     # (static rank paths vs the chain policy) must count the same acceptance.
     from specframe.experiments.config import load_config
-    from specframe.serving.commands.probe import probe_acceptance, replay_taus
+    from specframe.commands.probe import probe_acceptance, replay_taus
 
     config = load_config(traced / "exp.toml")
     probe = probe_acceptance(config, traced / "trace", "chain3", width=1, depth=3)

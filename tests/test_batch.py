@@ -519,3 +519,14 @@ def test_a_sequence_that_outgrows_its_flat_segment_widens_every_segment():
 def test_an_unknown_layout_lists_the_valid_ones():
     with pytest.raises(ValueError, match="batch layout 'ragged' is not one of padded, flat"):
         BatchDecoder(decoder("ngram"), layout="ragged")
+
+
+def test_generate_batch_passes_arrivals_and_score_on():
+    """The public call forwards ``arrivals`` (open loop) and ``score`` (each output's nll) to
+    BatchDecoder.generate: dropping them would run closed-loop and unscored without a word."""
+    out = generate_batch(decoder("ngram"), [[1, 2], [3]], max_new_tokens=3, eos_token_id=None,
+                         score=True, arrivals=[0.0, 0.05])
+    assert all(o.nll is not None for o in out.outputs)
+    assert out.joined[1] >= 0.05
+    with pytest.raises(ValueError, match="arrivals has 1 entries for 2 prompts"):
+        generate_batch(decoder("ngram"), [[1, 2], [3]], max_new_tokens=2, eos_token_id=None, arrivals=[0.0])

@@ -18,12 +18,12 @@ SOURCES = {"specframe": "specframe", "specframe.strategies": "strategies",
            "specframe.drafters": "drafters", "specframe.verifiers": "verifiers"}
 PLUGIN_PACKAGES = ("specframe.strategies", "specframe.drafters", "specframe.verifiers")
 #: folder -> its layer; the modules directly in specframe/ are the core (docs/architecture.md).
-#: A sub-folder listed before its parent is a layer of its own (the serving commands sit above
-#: replay, while the serving interchange they call sits below the harness that reads engine arms).
+#: A sub-folder listed before its parent would be a layer of its own; none is: every folder is one
+#: layer (the serving commands, above replay, live in specframe/commands/, the serving interchange
+#: they call in specframe/serving/, below the harness that reads engine arms).
 FOLDERS = {"specframe.models": "models", "specframe.sizing": "sizing", "specframe.decode": "decode",
-           "specframe.serving.commands": "serving-commands", "specframe.serving": "serving",
-           "specframe.experiments": "harness", "specframe.replay": "replay", "specframe.tuning": "tuning",
-           "specframe.testing": "testing"}
+           "specframe.serving": "serving", "specframe.experiments": "harness", "specframe.replay": "replay",
+           "specframe.commands": "commands", "specframe.tuning": "tuning", "specframe.testing": "testing"}
 #: How many modules the core (specframe/*.py besides __init__ and cli) may hold.
 MAX_CORE_MODULES = 12
 
@@ -39,9 +39,9 @@ RULES = {
     "serving": {"core", "models", "sizing", "decode"},                # specframe/serving/
     "harness": {"core", "models", "sizing", "decode", "serving"},     # specframe/experiments/
     "replay": {"core", "models", "sizing", "decode", "serving", "harness"},  # specframe/replay/
-    "serving-commands": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},
+    "commands": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},  # specframe/commands/
     "tuning": {"core", "models", "sizing", "decode", "serving", "harness", "replay"},  # specframe/tuning/
-    "cli": {"core", "models", "sizing", "decode", "serving", "harness", "replay", "serving-commands",
+    "cli": {"core", "models", "sizing", "decode", "serving", "harness", "replay", "commands",
             "tuning"},                                                # specframe/cli.py
     "plugin": {"core", "models", "sizing", "decode"},                 # strategies/ drafters/ verifiers/
     "testing": {"core", "models", "sizing", "decode", "plugin"},      # specframe/testing/ (the kit)
@@ -243,3 +243,17 @@ def test_the_checker_finds_injected_violations(tmp_path):
                   "specframe.drafters (plugin) imports", "specframe.strategies.chain (plugin) imports"):
         assert quiet not in report, f"{quiet!r} was flagged:\n{report}"
     assert len(problems) == len(expected)
+
+
+def test_no_private_name_is_exported():
+    """Every ``__all__`` of the tree names public names only: a name another layer needs is public."""
+    exported = []
+    for module, path in modules(REPO).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                try:
+                    names = ast.literal_eval(node.value)
+                except ValueError:  # computed (specframe/__init__.py: its lazy table's public names)
+                    continue
+                exported += [f"{module}.{name}" for name in names if name.startswith("_")]
+    assert not exported, f"private names in __all__: {exported}"

@@ -193,6 +193,22 @@ def test_percentiles_and_summary_names():
         assert name in s
 
 
+def test_live_batch_mean_weights_each_step_by_its_own_duration_across_an_idle_gap():
+    """Two busy periods, 0.1 s at one live sequence and 0.1 s at two, ten idle seconds between:
+    the busy-time mean is 1.5, however long the gap (the clock's jump to the next arrival is
+    no step's duration)."""
+    from specframe.decode.batch import BatchOutput
+    from specframe.decode.engine import GenerationOutput
+    from specframe.experiments.load.metrics import round_record
+    from specframe.experiments.load.serve import from_batch
+
+    outputs = [GenerationOutput(tokens=[1], wall_time=t) for t in (0.1, 10.1, 10.1)]
+    out = BatchOutput(outputs=outputs, step_times=[0.1, 0.1], joined=[0.0, 10.0, 10.0], first_token=[0.1, 10.1, 10.1],
+                      step_at=[0.1, 10.1], step_live=[1, 2])
+    record = round_record(from_batch(out, [0.0, 10.0, 10.0]), [[1], [1], [1]])
+    assert record["live_batch_mean"] == pytest.approx(1.5)
+
+
 def test_load_run_writes_cells_summary_and_plots_and_resumes(tmp_path, monkeypatch):
     from specframe.experiments.config import load_config
     from specframe.experiments.load.run import LoadRun
@@ -321,7 +337,7 @@ def test_a_request_leaving_its_greedy_decoding_is_listed_with_the_targets_margin
     prompt = run._prompts[1]
     assert row["margin"] == pytest.approx(logit_margin(run._target().model, prompt + reference[:3]))
     assert cell["near_ties"] == (1 if row["margin"] < 1e-3 else 0)
-    (line,) = mismatch_lines(tmp_path)
+    (line,) = mismatch_lines(tmp_path, summary)
     assert "round 1, request 1: token 3" in line and f"{row['margin']:.3g}" in line
     assert markdown_table(summary).rstrip().endswith("| 1 |" if not cell["near_ties"] else "| 1 (1 near-tie) |")
 
@@ -334,3 +350,34 @@ def test_near_ties_count_only_mismatches_at_a_float32_margin():
     figures = pooled([{"requests": rows, "span": 1.0, "live_batch_mean": 1.0, "live_batch_max": 1, "row_steps": 1,
                        "speculated_steps": 0}], None)
     assert (figures["mismatches"], figures["near_ties"]) == (3, 1)
+
+
+def test_specframe_load_prints_mismatches_of_this_runs_cells_only(tmp_path, monkeypatch):
+    """A cell file of a rate or arm not in this run (an earlier run into the same folder) is
+    not this run's: its mismatch is not printed."""
+    import io
+
+    from rich.console import Console
+
+    from specframe.experiments.load import table
+    from specframe.experiments.load.command import load_command
+    from specframe.experiments.load.run import LoadRun
+    from specframe.experiments.load.store import cell_path
+    from specframe.experiments.runs import write_json
+
+    def cell(rate, arm):
+        row = {"mismatch": True, "diverged_at": 2, "token": 7, "reference_token": 8, "margin": 0.5}
+        return {"arm": arm, "rate": rate, "round": 0, "requests": [row]}
+
+    write_json(cell_path(tmp_path, 4.0, "autoregressive", 0), cell(4.0, "autoregressive"))
+    write_json(cell_path(tmp_path, 9.0, "autoregressive", 0), cell(9.0, "autoregressive"))  # a rate not in this run
+    write_json(cell_path(tmp_path, 4.0, "gone", 0), cell(4.0, "gone"))  # an arm not in this run
+    summary = {"settings": {"rates": [4.0], "rounds": 1}, "arms": ["autoregressive"],
+               "cells": [{"rate": 4.0, "arm": "autoregressive"}]}
+    monkeypatch.setattr(LoadRun, "run", lambda self: summary)
+    monkeypatch.setattr(table, "markdown_table", lambda s: "")
+    printed = io.StringIO()
+    example = Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml"
+    load_command(example, {}, tmp_path, False, Console(file=printed, width=300))
+    lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("mismatch:")]
+    assert len(lines) == 1 and "autoregressive @ 4/s" in lines[0], lines

@@ -122,3 +122,35 @@ def test_root_tokens_of_the_wrong_form_are_refused_naming_the_verifier():
     batcher = BatchDecoder(_decoder(OneShort(None)), ("threshold", {"disable_by_batch_size": 1}))
     with pytest.raises(EngineError, match=r"verifier 'one-short': root_tokens returned \(4,\)"):
         batcher.generate(PROMPTS, 4, None)
+
+
+class Elsewhere(Verifier):
+    """Greedy, but its batched answer is bent by ``bend`` (off the device, out of the vocabulary)."""
+
+    name = "elsewhere"
+
+    def __init__(self, bend) -> None:
+        super().__init__(None)
+        self.bend = bend
+
+    def verify(self, tree, target_logits, generator=None):
+        return make_plugin("verifiers", "greedy").verify(tree, target_logits, generator)
+
+    def root_tokens(self, root_logits, generators):
+        return self.bend(root_logits.argmax(dim=-1), root_logits.shape[-1])
+
+
+@pytest.mark.parametrize("bend,match", [
+    (lambda tokens, vocab: tokens.to("meta"), r"root_tokens returned .* on meta, not on the tree's device \(cpu\)"),
+    (lambda tokens, vocab: tokens + vocab, r"root_tokens returned token \d+ of a \d+-token vocabulary"),
+])
+def test_root_tokens_off_the_device_or_the_vocabulary_are_refused_naming_the_verifier(bend, match):
+    """As ``verify``'s answer is checked (checked_decision): the device every step, the range in
+    strict mode, in an error that names the verifier, not a later torch.cat or embedding error."""
+    from specframe.decode.contract import EngineError
+
+    dec = _decoder(Elsewhere(bend))
+    dec.strict = True
+    batcher = BatchDecoder(dec, ("threshold", {"disable_by_batch_size": 1}))
+    with pytest.raises(EngineError, match=r"verifier 'elsewhere': " + match):
+        batcher.generate(PROMPTS, 4, None)

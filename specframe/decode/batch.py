@@ -340,9 +340,10 @@ def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens:
                    eos_token_id: int | Sequence[int] | None = -1, allocator: Any = "equal",
                    generator: torch.Generator | None = None, seeds: Sequence[Any] | None = None,
                    max_live: int | None = None, score: bool = False,
-                 arrivals: Sequence[float] | None = None) -> BatchOutput:
+                   arrivals: Sequence[float] | None = None) -> BatchOutput:
     """Decode ``prompts`` together with ``decoder``'s plugins (see :class:`BatchDecoder`;
-    ``max_live``: continuous batching, at most that many sequences at once).
+    ``max_live``: continuous batching, at most that many sequences at once; ``score`` and
+    ``arrivals`` as :meth:`BatchDecoder.generate` takes them).
 
     A :class:`BatchDecoder` kept on the decoder per allocator spec reuses its rows' drafters
     and policies across calls (the engine module does not import this one: layer rules).
@@ -351,4 +352,5 @@ def generate_batch(decoder: SpecDecoder, prompts: Sequence[Any], max_new_tokens:
     key = repr(allocator)
     if key not in cache:
         cache[key] = BatchDecoder(decoder, allocator)
-    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds, max_live)
+    return cache[key].generate(prompts, max_new_tokens, eos_token_id, generator, seeds, max_live, score=score,
+                               arrivals=arrivals)

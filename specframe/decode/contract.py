@@ -82,3 +82,26 @@ def checked_decision(verifier: str, tree: DraftTree, decision: Any, vocab_size: 
             f"and the bonus token as two 0-dim integer tensors on the tree's device ({tree.device})"
         )
     return decision
+
+
+def checked_root_tokens(verifier: str, tokens: torch.Tensor, rows: int, device: torch.device, vocab_size: int,
+                        strict: bool) -> torch.Tensor:
+    """``root_tokens``' answer for ``rows`` switched-off rows, refused with a message if it is
+    not one integer token per row on the trees' ``device`` or, in strict mode, if a token is
+    outside the vocabulary: as :func:`checked_decision` checks ``verify``'s (the form is
+    metadata, free every step; the values need a device read)."""
+    problem = None
+    if not isinstance(tokens, torch.Tensor):
+        problem = f"returned {type(tokens).__name__}"
+    elif tuple(tokens.shape) != (rows,) or tokens.is_floating_point() or tokens.is_complex():
+        problem = f"returned {tuple(tokens.shape)} {tokens.dtype} for {rows} switched-off rows"
+    elif tokens.device != torch.device(device):
+        problem = f"returned {tuple(tokens.shape)} {tokens.dtype} on {tokens.device}, not on the tree's device ({device})"
+    elif strict:
+        bad = [int(t) for t in tokens.tolist() if not 0 <= int(t) < vocab_size]
+        if bad:
+            problem = f"returned token {bad[0]} of a {vocab_size}-token vocabulary"
+    if problem is not None:
+        raise EngineError(f"verifier {verifier!r}: root_tokens {problem}; return one integer token per row, "
+                          f"on the tree's device, inside the vocabulary")
+    return tokens

@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specframe.decode.contract import STRICT_VARIABLE, EngineError, checked_decision, reject_tree, strict_default, tree_flag  # noqa: F401
+from specframe.decode.contract import (STRICT_VARIABLE, EngineError, checked_decision, checked_root_tokens,  # noqa: F401
+                                       reject_tree, strict_default, tree_flag)
 from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, Verifier, logits_keyword, wants_prompt_logits
 from specframe.decode.lockstep import build_trees
 from specframe.options import build_options
@@ -394,10 +395,9 @@ class SpecDecoder:
         off = [b for b, limit in enumerate(limits) if limit <= 1]
         bonus = verifier.root_tokens(torch.stack([logits[b][0] for b in off]), [rows[b].generator for b in off]) \
             if off else None
-        if bonus is not None and (tuple(bonus.shape) != (len(off),) or bonus.is_floating_point()):
-            # Metadata only, as checked_decision checks verify's form: no host read.
-            raise EngineError(f"verifier {verifier.name!r}: root_tokens returned {tuple(bonus.shape)} "
-                              f"{bonus.dtype} for {len(off)} switched-off rows; return one integer token per row")
+        if bonus is not None:
+            bonus = checked_root_tokens(verifier.name, bonus, len(off), trees[off[0]].device,
+                                        self.target.vocab_size, self.strict)
         batched = set(off) if bonus is not None else set()
         records, paths = [], []
         for b, (row, tree, limit, ok, row_logits) in enumerate(zip(rows, trees, limits, flags, logits)):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from specframe.experiments.config import ArmConfig, ConfigError, ExperimentConfig, _expand_sweep, load_config, tomllib
+from specframe.experiments.config import ArmConfig, ConfigError, ExperimentConfig, expand_sweep, load_config, tomllib
 from specframe.errors import ExperimentError, one_line, warn
 from specframe.experiments.cluster import rayrun
 from specframe.experiments.cluster.rayrun import RAY_MISSING  # noqa: F401 - the sweep command's message
@@ -92,7 +92,7 @@ def load_sweep(path: str | Path) -> SweepFile:
         raise ConfigError(f"{path}: arms {missing} are no specframe arm of {raw['base']}; "
                           f"valid: {', '.join(a.name for a in base.arms if a.baseline is None)}")
     grid = raw.get("grid", {})
-    configs = [c for a in arms for c in _expand_sweep(a, grid, f"{path} [grid]", base.drafter)]
+    configs = [c for a in arms for c in expand_sweep(a, grid, f"{path} [grid]", base.drafter)]
     _check_distinct(configs, f"{path} [grid]")
     out = Path(raw.get("output", {}).get("dir", f"runs/{base.name}-sweep"))
     out = out if out.is_absolute() else path.parent / out

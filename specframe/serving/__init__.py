@@ -6,7 +6,7 @@ and imports their configurations as arms, each with a fidelity statement;
 and fits the static tree an engine can run (docs/serving.md). Both import only the core, so the
 experiment file's ``engine = ...`` arms read through them.
 
-:mod:`~specframe.serving.commands` is the layer above: the ``specframe acceptance`` and
-``specframe export`` commands and the acceptance probe over a trace, which need the experiment
-harness and replay.
+:mod:`specframe.commands` (above replay) holds the ``specframe acceptance`` and ``specframe
+export`` commands and the acceptance probe over a trace, which need the experiment harness and
+replay: this folder is one layer, below the harness.
 """

@@ -12,7 +12,7 @@ of a node on the accepted path is the accepted one. Here it is counted from answ
   takes, since its a[k] does not depend on depth), ``by_rank[k] = sum_d hits[d][k] / sum_d reached[d]``.
 
 A step can test a rank only if its tree had a child of that rank: the *probe* measurement
-(:func:`specframe.serving.commands.probe.probe_acceptance`) drafts a full tree of ``width`` children
+(:func:`specframe.commands.probe.probe_acceptance`) drafts a full tree of ``width`` children
 per node to ``depth`` over a recorded trace, so every rank below ``width`` is tested at every
 reached node. Counted from an ordinary run's steps, a rank the arm's policy rarely drafted is
 under-counted (a chain arm measures rank 0 only); the file says which of the two it holds.

@@ -1,7 +1,7 @@
 """An arm's search space: its drafter's, policy's and verifier's declared spaces, as one.
 
 Keys are the sweep file's (``drafter.max_ngram``, ``policy.budget``), and a point becomes an
-arm by the sweep's own rule (:func:`~specframe.experiments.config._expand_sweep`: set each
+arm by the sweep's own rule (:func:`~specframe.experiments.config.expand_sweep`: set each
 option, then check the plugins' options again), so a tuned arm is exactly the arm a sweep
 would have built for those values.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from specframe.experiments.config import ArmConfig, ConfigError, _expand_sweep
+from specframe.experiments.config import ArmConfig, ConfigError, expand_sweep
 from specframe.options import build_options
 from specframe.plugins import get_registry
 from specframe.search_space import Dimension, search_space
@@ -67,5 +67,5 @@ def tuned_arm(arm: ArmConfig, point: dict[str, Any], name: str | None = None) ->
     the sweep's ``arm[option=value,...]``). Invalid combinations raise ConfigError naming them."""
     if not point:
         return dataclasses.replace(arm, name=name or arm.name)
-    (new,) = _expand_sweep(arm, {k: [v] for k, v in point.items()}, f"tuned arm {arm.name!r}", None)
+    (new,) = expand_sweep(arm, {k: [v] for k, v in point.items()}, f"tuned arm {arm.name!r}", None)
     return dataclasses.replace(new, name=name) if name else new

@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 from pathlib import Path
 from typing import Any, Mapping
 
-from specframe.experiments.config.arms import _expand_sweep, _parse_arm, _plugin_ref
+from specframe.experiments.config.arms import expand_sweep, _parse_arm, _plugin_ref
 from specframe.experiments.config.checks import _batch_allocator, _check_pairs, _check_unique, _parse_data, _resolve
 from specframe.experiments.config.schema import (
     ATTENTION, BYTES_TOKENIZER, DTYPES, LINEAR_KERNELS, ON_OVERFLOW, PERTURBED_PREFIX, RANDOM_PREFIX, ArmConfig,
@@ -33,8 +33,7 @@ from specframe.experiments.runs.layout import slugify
 __all__ = [
     "ATTENTION", "BYTES_TOKENIZER", "DTYPES", "LINEAR_KERNELS", "ON_OVERFLOW", "PERTURBED_PREFIX", "RANDOM_PREFIX",
     "ArmConfig", "ConfigError", "DataConfig", "ExperimentConfig", "ModelSpec", "OutputConfig", "PluginRef",
-    "RunSettings", "load_config", "lossy_label", "parse_config", "slugify", "tomllib",
-    "_expand_sweep",  # the sweep rule tuning and replay sweeps apply to one arm
+    "RunSettings", "expand_sweep", "load_config", "lossy_label", "parse_config", "slugify", "tomllib",
 ]
 
 

@@ -56,7 +56,7 @@ def _parse_arm(raw: Any, index: int, default_drafter: PluginRef | None) -> list[
         raise ConfigError(f"{where}: set 'policy' (a specframe arm) or 'baseline' (autoregressive, hf-assisted, hf-prompt-lookup)")
     if t.baseline is None and t.baseline_options is not None:
         raise ConfigError(f"{where}: 'baseline_options' needs 'baseline'")
-    arms = _expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
+    arms = expand_sweep(_base_arm(t, where, default_drafter), t.sweep, where, default_drafter)
     return _arm_allocator(arms, t, where)
 
 
@@ -163,8 +163,9 @@ def _scope_name(arm: ArmConfig, scope: str) -> str:
     return arm.baseline if scope == "baseline" else getattr(arm, scope).name
 
 
-def _expand_sweep(arm: ArmConfig, sweep: dict, where: str, default_drafter: PluginRef | None) -> list[ArmConfig]:
-    """One arm per combination of the swept values (cartesian product, TOML key order)."""
+def expand_sweep(arm: ArmConfig, sweep: dict, where: str, default_drafter: PluginRef | None) -> list[ArmConfig]:
+    """One arm per combination of the swept values (cartesian product, TOML key order): the
+    sweep rule an experiment file's ``sweep`` tables, replay's ``[grid]`` and tuning apply."""
     if not sweep:
         return [arm]
     axes = []

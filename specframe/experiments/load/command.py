@@ -58,20 +58,23 @@ def load_command(config_path: Path, options: dict[str, Any], out: Path | None, p
     except KeyboardInterrupt:
         exit_interrupted(console, "cells", out_dir)
     console.print(markdown_table(summary), markup=False)
-    for line in mismatch_lines(out_dir):
+    for line in mismatch_lines(out_dir, summary):
         console.print(line, markup=False)
     console.print(f"Summary: {out_dir / 'summary.json'}  table: {out_dir / 'table.md'}  plots: {out_dir / 'plots'}",
                   markup=False)
 
 
-def mismatch_lines(out_dir: Path) -> list[str]:
-    """One line per request of the run's cells that left its greedy decoding: where, and the
-    target's top-2 logit margin there (a float32 near-tie, or a bug)."""
-    from specframe.experiments.load.store import read_json
+def mismatch_lines(out_dir: Path, summary: dict) -> list[str]:
+    """One line per request of this run's cells (``summary``'s rates, arms and rounds) that left
+    its greedy decoding: where, and the target's top-2 logit margin there (a float32 near-tie,
+    or a bug). Other cell files in the folder, from an earlier run's rates or arms, are not
+    this run's."""
+    from specframe.experiments.load.store import cell_path, read_json
     from specframe.experiments.metrics import NEAR_TIE
 
     lines = []
-    for path in sorted((Path(out_dir) / "cells").glob("*.json")):
+    rounds = summary["settings"]["rounds"]
+    for path in (cell_path(out_dir, c["rate"], c["arm"], r) for c in summary["cells"] for r in range(rounds)):
         cell = read_json(path) or {}
         for i, row in enumerate(cell.get("requests", [])):
             if not row.get("mismatch"):

@@ -8,8 +8,9 @@ run pools stored rounds with new ones.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
+
+import numpy as np
 
 from specframe.experiments.load.serve import Served
 from specframe.experiments.metrics import NEAR_TIE
@@ -17,13 +18,8 @@ from specframe.experiments.metrics import NEAR_TIE
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0-100) of ``values``, interpolated linearly between order
-    statistics (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(at), math.ceil(at)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+    statistics (numpy's default method); None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 def request_rows(served: Served, reference: Sequence[Sequence[int]]) -> list[dict]:
@@ -41,19 +37,12 @@ def request_figures(row: dict) -> dict:
             "tpot": (finish - first) / (row["tokens"] - 1) if row["tokens"] > 1 else None}
 
 
-def live_batch_mean(step_at: Sequence[float], step_live: Sequence[int], joined: Sequence[float]) -> float:
+def live_batch_mean(step_times: Sequence[float], step_live: Sequence[int]) -> float:
     """The live batch size averaged over busy time: each step's live sequences weighted by its
-    duration (the first step of a busy period counted from its batch's prefill)."""
-    total = weighted = 0.0
-    previous = None
-    first_join = min(joined) if joined else 0.0
-    for at, live in zip(step_at, step_live):
-        begin = first_join if previous is None else previous
-        span = max(at - begin, 0.0)
-        total += span
-        weighted += span * live
-        previous = at
-    return weighted / total if total > 0 else 0.0
+    own duration (``step_times``). Not by the time since the previous step: after an idle gap
+    the open-loop clock jumps to the next arrival, and that jump is no step's work."""
+    total = sum(step_times)
+    return sum(t * live for t, live in zip(step_times, step_live)) / total if total > 0 else 0.0
 
 
 def round_record(served: Served, reference: Sequence[Sequence[int]]) -> dict:
@@ -62,7 +51,7 @@ def round_record(served: Served, reference: Sequence[Sequence[int]]) -> dict:
     that verified more than their root)."""
     rows = request_rows(served, reference)
     return {"requests": rows, "span": max(r["finish"] for r in rows) - min(r["arrival"] for r in rows),
-            "live_batch_mean": live_batch_mean(served.step_at, served.step_live, served.joined),
+            "live_batch_mean": live_batch_mean(served.step_times, served.step_live),
             "live_batch_max": max(served.step_live, default=0), "row_steps": served.row_steps,
             "speculated_steps": served.speculated}
 

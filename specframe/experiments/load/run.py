@@ -24,7 +24,8 @@ from specframe.experiments.load.arrivals import arrival_times
 from specframe.experiments.load.metrics import pooled, round_record
 from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
-from specframe.experiments.load.store import cell_path, done_cell, read_json, write_json
+from specframe.experiments.load.store import cell_path, done_cell, read_json
+from specframe.experiments.runs.layout import write_json
 
 T = TypeVar("T")
 

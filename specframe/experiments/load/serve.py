@@ -31,6 +31,7 @@ class Served:
         step_at, step_live: per step, when it ended and how many sequences it decoded.
         row_steps, speculated: sequence-steps in all, and those that verified a tree of more than
             its root.
+        step_times: per step, its own duration (the busy time the live batch is averaged over).
     """
 
     arrivals: list[float]
@@ -42,6 +43,7 @@ class Served:
     step_live: list[int] = field(default_factory=list)
     row_steps: int = 0
     speculated: int = 0
+    step_times: list[float] = field(default_factory=list)
 
 
 def from_batch(out: BatchOutput, arrivals: Sequence[float]) -> Served:
@@ -49,7 +51,8 @@ def from_batch(out: BatchOutput, arrivals: Sequence[float]) -> Served:
     steps = [s for o in out.outputs for s in o.steps]
     return Served(list(arrivals), list(out.joined), list(out.first_token), [o.wall_time for o in out.outputs],
                   [list(o.tokens) for o in out.outputs], list(out.step_at), list(out.step_live),
-                  row_steps=len(steps), speculated=sum(1 for s in steps if s.tree_size > 1))
+                  row_steps=len(steps), speculated=sum(1 for s in steps if s.tree_size > 1),
+                  step_times=list(out.step_times))
 
 
 def serve_speculative(batcher: BatchDecoder, prompts: Sequence[Sequence[int]], arrivals: Sequence[float],

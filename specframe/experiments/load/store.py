@@ -1,30 +1,13 @@
-"""Cells on disk: one JSON file per (rate, arm, round), written atomically, reused when its key matches."""
+"""Cells on disk: one JSON file per (rate, arm, round), written atomically (runs.layout.write_json),
+reused when its key matches."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from specframe.experiments.runs.layout import slugify
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed over it, fsynced):
-    a crash leaves the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import shutil
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,18 @@ class RunDir:
 
 
 def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
-    """Write ``obj`` as JSON atomically (a crash leaves the old file or the new one)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=indent), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically, the one JSON writer of runs and load runs: a
+    temporary file of its own (two writers never share one) is fsynced and renamed over it, so
+    a crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=indent)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -10,12 +10,6 @@ from typing import Any
 from specframe.serving.acceptance import Acceptance, AcceptanceError, basis, fit_static_tree, from_records
 from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Fidelity, Ref
 
-#: Policies whose tree is fixed before decoding (a static tree serves them as they are).
-STATIC_POLICIES = ("static", "sequoia")
-#: Policies whose tree depends on each step (served as a static tree fitted to acceptance).
-ADAPTIVE_POLICIES = ("talon", "eagle", "opt-tree", "sampled-tree")
-#: The drafter a policy's tree is drafted from needs ranked children (not a sampled tree).
-LOSSLESS_VERIFIERS = ("greedy", "sampling")
 #: What :meth:`ExportContext.measured` writes under ``provenance["fallback"]`` when it counts
 #: the run's own steps, and the fitted tree's fidelity statement quotes.
 FALLBACK = "no acceptance file was passed"
@@ -88,12 +82,19 @@ def model_path(value: str, ctx: ExportContext) -> str:
 
 def option_values(kind: str, ref: Any) -> dict[str, Any]:
     """``ref``'s options over its plugin's ``Options`` defaults: the values the plugin runs with,
-    so a mapping reads a default from the plugin, never from a copy of it here."""
+    so a mapping reads a default from the plugin, never from a copy of it here. ``kind``: a
+    plugin kind (``policies``, ``drafters``, ``verifiers``) or ``allocators``."""
     import dataclasses
 
-    from specframe.plugins import get_registry
+    if kind == "allocators":
+        from specframe.decode.allocate import allocator_classes
 
-    cls = getattr(get_registry().get(kind, ref.name), "Options", None)
+        plugin = allocator_classes()[ref.name]
+    else:
+        from specframe.plugins import get_registry
+
+        plugin = get_registry().get(kind, ref.name)
+    cls = getattr(plugin, "Options", None)
     defaults = {}
     if cls is not None and dataclasses.is_dataclass(cls):
         for f in dataclasses.fields(cls):
@@ -137,18 +138,26 @@ def tree_budget(policy: Any, ctx: ExportContext) -> int:
     return max(2, round(statistics.median(sizes))) if sizes else int(o.get("max_budget", 64))
 
 
-def static_paths(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:
-    """The arm's tree as rank paths: its own (``static``, ``sequoia``) or, for an adaptive
-    policy, the static tree fitted to measured acceptance (None when nothing is measured)."""
+def fixed_shape(policy: Any) -> tuple[tuple[int, ...], ...] | None:
+    """The rank paths of ``policy``'s tree (a :class:`PluginRef`) when the policy fixes its shape
+    before decoding (:meth:`~specframe.TreePolicy.fixed_shape`), else None."""
+    from specframe.interfaces import TreePolicy
     from specframe.plugins import get_registry
 
+    cls = get_registry().get("policies", policy.name)
+    if cls.fixed_shape is TreePolicy.fixed_shape:  # adaptive: nothing to build
+        return None
+    return cls(cls.Options(**policy.options)).fixed_shape()
+
+
+def static_paths(arm: Any, ctx: ExportContext, fid: Fidelity) -> tuple[tuple[int, ...], ...] | None:
+    """The arm's tree as rank paths: its own when the policy fixes its shape (``static``,
+    ``sequoia``) or, for an adaptive policy, the static tree fitted to measured acceptance
+    (None when nothing is measured)."""
     policy = arm.policy
-    if policy.name in STATIC_POLICIES:
-        cls = get_registry().get("policies", policy.name)
-        instance = cls(cls.Options(**policy.options))
-        if policy.name == "static":
-            return tuple(tuple(p) for p in instance.options.paths)
-        return tuple(tuple(p) for p in instance.shape())
+    fixed = fixed_shape(policy)
+    if fixed is not None:
+        return fixed
     acc = ctx.measured(arm)
     if acc is None:
         return None
@@ -172,13 +181,16 @@ def verifier_name(arm: Any) -> str:
 
 def verifier_fidelity(arm: Any, engine: str, sampling_note: str) -> Fidelity:
     """How ``engine`` verifies as the arm's verifier does."""
+    from specframe.plugins import get_registry
+
     fid = Fidelity()
     name = verifier_name(arm)
-    if name == "sampling":
-        fid.add(APPROXIMATED, "the sampling verifier: " + sampling_note)
-    elif name not in LOSSLESS_VERIFIERS:
+    cls = get_registry().get("verifiers", name)
+    if not cls.lossless:
         fid.add(NOT_EXPRESSIBLE, f"verifier {name!r} (lossy acceptance) has no counterpart in {engine}, "
                 "which verifies losslessly only")
+    elif cls.sampling:  # the same distribution as the engine's own sampled verification, not the same draws
+        fid.add(APPROXIMATED, f"the {name} verifier: " + sampling_note)
     return fid
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specframe.serving.engines.common import option_values
 from specframe.serving.engines.fidelity import APPROXIMATED, NOT_EXPRESSIBLE, Export
 
 VLLM_COMMIT = "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443"
@@ -42,10 +43,11 @@ def add_allocator(out: Export, arm: Any) -> Export:
     alloc = arm.batch_allocator
     if alloc is None or alloc.name not in LOAD_AWARE:
         return out
+    options = option_values("allocators", alloc)  # the allocator's own defaults, never a copy here
     if out.engine == "vllm":
-        _vllm(out, alloc.name, alloc.options)
+        _vllm(out, alloc.name, options)
     elif out.engine == "sglang":
-        _sglang(out, alloc.name, alloc.options)
+        _sglang(out, alloc.name, options)
     else:
         out.fidelity.add(NOT_EXPRESSIBLE, f"{out.engine} serves no batch of requests: the {alloc.name!r} allocator "
                                           "has nothing to decide there")
@@ -53,7 +55,7 @@ def add_allocator(out: Export, arm: Any) -> Export:
 
 
 def _threshold(options: dict) -> int:
-    return int(options.get("disable_by_batch_size", 4))
+    return int(options["disable_by_batch_size"])
 
 
 def _vllm(out: Export, name: str, options: dict) -> None:
@@ -72,7 +74,7 @@ def _vllm(out: Export, name: str, options: dict) -> None:
         out.needs.append(f"vLLM releases with the V0 engine: disable_by_batch_size = {limit} instead of the schedule "
                          f"(vllm/spec_decode/spec_decode_worker.py @ {VLLM_V0_COMMIT[:12]})")
     else:
-        schedule = [[lo, hi, min(tokens, depth)] for lo, hi, tokens in options.get("schedule", [[1, 1, 4]])]
+        schedule = [[lo, hi, min(tokens, depth)] for lo, hi, tokens in options["schedule"]]
         out.fidelity.add(APPROXIMATED, "a schedule's tokens are a node budget of tokens + 1 for the arm's own tree; "
                                        "vLLM drafts a chain of that many tokens")
     out.settings["num_speculative_tokens_per_batch_size"] = schedule

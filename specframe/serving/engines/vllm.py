@@ -20,7 +20,7 @@ import ast
 from typing import Any
 
 from specframe.serving.engines.common import (
-    ADAPTIVE_POLICIES, ExportContext, chain_length, chain_of, model_path, note_unmapped,
+    ExportContext, chain_length, chain_of, fixed_shape, model_path, note_unmapped,
     option_values, policy_depth, static_paths, verifier_fidelity, verifier_name,
 )
 from specframe.serving.engines.fidelity import (
@@ -188,7 +188,7 @@ def _policy(arm: Any, ctx: ExportContext, settings: dict, fid: Fidelity) -> None
         settings["num_speculative_tokens"] = depth
         fid.add(APPROXIMATED, f"vLLM drafts trees for EAGLE heads only: the {len(paths)}-node tree is served "
                 f"as its top chain of {depth}")
-    if p.name in ADAPTIVE_POLICIES and p.options.get("budget") == "auto":
+    if p.options.get("budget") == "auto" and fixed_shape(p) is None:  # an adaptive tree sized each step
         fid.add(APPROXIMATED, "budget = 'auto' sizes each step; the fitted tree has the size the run settled on")
 
 

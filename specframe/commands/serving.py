@@ -52,7 +52,7 @@ def acceptance_main(source: Path, arm: str, trace: Path | None, width: int, dept
     from specframe.serving.acceptance import AcceptanceError, describe, fit_static_tree, from_records, provenance
     from specframe.experiments.config import ArmConfig, ConfigError, PluginRef
     from specframe.serving.engines.vllm import tree_string
-    from specframe.serving.commands.probe import probe_acceptance, replay_taus
+    from specframe.commands.probe import probe_acceptance, replay_taus
 
     command = "specframe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
