@@ -1,0 +1,76 @@
+"""The goodput allocator's model of a step (docs/load.md, "The goodput rule"): a tree is valued
+by the depth the row's policy reaches with it, drafting is paid per depth, and the model's
+predicted step time and tokens are kept beside the measured ones (tiny numbers, no timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specframe.decode.allocate import make_allocator
+from specframe.interfaces import StepStats
+from specframe.sizing.profile import CostCurve
+
+
+
+def stats(size: int, depth: int, accepted: int, draft: float = 0.0, policy: float = 0.0) -> StepStats:
+    return StepStats(tree_size=size, depth=depth, accepted=accepted, emitted=accepted + 1, draft_forwards=depth,
+                     draft_time=draft, policy_time=policy, target_time=0.0, verify_time=0.0, other_time=0.0,
+                     widths=[1] * (depth + 1), accepted_ranks=[0] * accepted)
+
+
+class Curves:
+    """Stand-in BatchCurves: T(n) per row at any live size from ``seconds(n)``."""
+
+    def __init__(self, seconds) -> None:
+        self.seconds = seconds
+
+    def row_curve(self, live: int) -> CostCurve:
+        sizes = list(range(1, 33))
+        return CostCurve("test", sizes, [256], [[self.seconds(n) / live for n in sizes]])
+
+
+def goodput(curve, **options):
+    alloc = make_allocator(("goodput", options))
+    alloc.price_batch(Curves(curve), "flat")
+    return alloc
+
+
+# ---------------------------------------------------------------- a tree valued by its depth
+def test_a_chain_of_n_nodes_is_valued_as_an_n_minus_1_deep_chain():
+    from specframe.strategies.goodput_model import RowModel
+
+    chain = RowModel(alpha=0.8, depth_ratio=1.0)
+    assert [chain.depth(n) for n in (1, 2, 5)] == [0, 1, 4]
+    assert chain.value(5) == pytest.approx(sum(0.8 ** k for k in range(1, 5)))
+
+
+def test_budgets_whose_trees_differ_in_depth_get_different_values():
+    from specframe.strategies.goodput_model import RowModel
+
+    # Two policies, same acceptance per depth: a chain and a tree four nodes wide per depth.
+    chain, wide = RowModel(alpha=0.8, depth_ratio=1.0), RowModel(alpha=0.8, depth_ratio=0.25)
+    assert wide.depth(17) == 4 and chain.depth(17) == 16
+    assert wide.value(17) == pytest.approx(sum(0.8 ** k for k in range(1, 5)))
+    assert wide.value(17) < chain.value(17) - 1.5
+
+
+def test_a_rows_shape_and_costs_come_from_its_steps():
+    from specframe.strategies.goodput_model import row_model
+
+    # 16 draft nodes 2 deep; 0.2 s of drafting (one forward per depth) and 0.32 s of building.
+    model = row_model([stats(17, 2, 2, draft=0.2, policy=0.32)] * 4, window=8, alpha=0.9)
+    assert model.depth_ratio == pytest.approx(2 / 16)
+    assert model.depth_cost == pytest.approx(0.1) and model.node_cost == pytest.approx(0.02)
+    # Drafting is paid per depth: a 17-node tree 2 deep pays two draft forwards, not 16.
+    assert model.cost(17) == pytest.approx(2 * 0.1 + 16 * 0.02)
+
+
+def test_a_wide_tree_is_not_over_valued_as_a_deep_chain():
+    # A row whose policy builds 17-node trees 2 deep and accepts both depths: valued as a
+    # 16-deep chain (the old rule) it takes all 17 nodes; valued by its depth, one depth pays
+    # (a few nodes), the second (up to 10) costs more than its ~0.9 token.
+    wide = [[stats(17, 2, 2)] * 8]
+    sizes = goodput(lambda n: 1.0 + 0.1 * n, draft_cost=False).budgets([17], wide, 17)
+    assert sizes == [2]
+    chain = [[stats(17, 16, 16)] * 8]  # the same budget in a chain row: every node a depth
+    assert goodput(lambda n: 1.0 + 0.1 * n, draft_cost=False).budgets([17], chain, 17) == [17]
