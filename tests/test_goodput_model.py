@@ -4,6 +4,8 @@ predicted step time and tokens are kept beside the measured ones (tiny numbers, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specframe.decode.allocate import make_allocator
@@ -74,3 +76,48 @@ def test_a_wide_tree_is_not_over_valued_as_a_deep_chain():
     assert sizes == [2]
     chain = [[stats(17, 16, 16)] * 8]  # the same budget in a chain row: every node a depth
     assert goodput(lambda n: 1.0 + 0.1 * n, draft_cost=False).budgets([17], chain, 17) == [17]
+
+
+# ---------------------------------------------------------------- predicted beside measured
+def test_by_live_sums_the_measured_and_predicted_steps_of_each_live_size():
+    from specframe.experiments.load.prediction import by_live, pooled_by_live, prediction_table
+    from specframe.experiments.load.serve import Served
+
+    guess = {"tokens": 1.5, "target_time": 0.010, "build_time": 0.002, "overhead_time": 0.001}
+    served = Served([0.0, 0.0], [0.0, 0.0], [0.1, 0.1], [0.3, 0.3], [[1, 2], [3, 4, 5]], [0.1, 0.2, 0.3], [2, 2, 1],
+                    step_times=[0.02, 0.04, 0.01], step_tokens=[2, 3, 1], step_forward=[0.01, 0.02, 0.005],
+                    step_build=[0.004, 0.006, 0.0], step_predicted=[guess, guess, None])
+    rows = by_live(served)
+    assert [(r["live"], r["steps"], r["predicted_steps"]) for r in rows] == [(1, 1, 0), (2, 2, 2)]
+    means = pooled_by_live([{"by_live": rows}, {"by_live": rows}, {}])  # a round stored before: nothing
+    two = means[1]
+    assert two["steps"] == 4 and two["measured_ms"] == pytest.approx(30.0)
+    assert two["measured_forward_ms"] == pytest.approx(15.0) and two["measured_build_ms"] == pytest.approx(5.0)
+    assert two["measured_tokens"] == pytest.approx(2.5) and two["predicted_tokens"] == pytest.approx(1.5)
+    assert two["predicted_ms"] == pytest.approx(13.0) and two["predicted_forward_ms"] == pytest.approx(10.0)
+    assert two["predicted_build_ms"] == pytest.approx(2.0) and two["predicted_overhead_ms"] == pytest.approx(1.0)
+    assert means[0]["predicted_ms"] is None  # no prediction at live size 1
+    summary = {"arms": ["goodput"], "cells": [{"rate": 1.0, "arm": "goodput", "by_live": means}]}
+    table = prediction_table(summary)
+    assert "| 1 | goodput | 2 | 4 | 13.00 | 30.00 |" in table and "| 1 | goodput | 1 | 2 | - |" in table
+    assert prediction_table({"arms": [], "cells": [{"rate": 1.0, "arm": "ar", "by_live": means[:1]}]}) == ""
+
+
+def test_a_load_run_keeps_goodputs_prediction_beside_the_measurement(tmp_path):
+    from specframe.experiments.config import load_config
+    from specframe.experiments.load.run import LoadRun
+    from specframe.experiments.load.settings import load_settings
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "load-tiny.toml")
+    config.arms = [a for a in config.arms if a.name in ("autoregressive", "goodput")]
+    config.max_new_tokens = 6
+    summary = LoadRun(config, load_settings(config.load, {"rates": [8.0], "requests": 3}), tmp_path).run()
+    cells = {c["arm"]: c for c in summary["cells"]}
+    good = cells["goodput"]["by_live"]
+    assert sum(r["steps"] for r in good) == sum(r["predicted_steps"] for r in good) > 0  # every step predicted
+    for r in good:
+        assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["predicted_tokens"] >= r["live"]
+        assert r["predicted_ms"] == pytest.approx(r["predicted_forward_ms"] + r["predicted_build_ms"]
+                                                  + r["predicted_overhead_ms"])
+    assert all(r["predicted_ms"] is None and r["measured_tokens"] == r["live"] for r in cells["autoregressive"]["by_live"])
+    assert "goodput" in (tmp_path / "prediction.md").read_text()
