@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -102,18 +104,70 @@ def row_model(steps: Sequence[StepStats], window: int, alpha: float, fallback: R
                     sum(s.policy_time for s in spec) / nodes)
 
 
+def step_overhead(history: Sequence[Sequence[StepStats]], window: int) -> float:
+    """Seconds of a step beside its target forward and its trees' building: the median of
+    ``verify_time + other_time`` (the same for every row of a step) over the rows' last
+    ``window`` steps; 0 before any step."""
+    rests = [s.verify_time + s.other_time for h in history for s in h[-window:]]
+    return statistics.median(rests) if rests else 0.0
+
+
+class Calibration:
+    """The model against the measurement over the last ``steps`` steps it predicted: how much
+    slower the target forward ran than its cost curve said, per live batch size (the curves
+    were measured before the clock started, at other context lengths, maybe on a quieter
+    machine, and each live size reads its own), and the step's rest as the batch decoder
+    measured it (the step less its forward and its building), per live size too: it grows
+    with the rows (each verified and kept on its own)."""
+
+    #: Steps of a live size before its own forward scale is trusted over all sizes' together.
+    OWN = 4
+
+    def __init__(self, steps: int = 32) -> None:
+        self.steps = steps
+        self.forwards: dict[int, deque[tuple[float, float]]] = {}
+        self.rests: dict[int, deque[float]] = {}
+
+    def add(self, live: int, predicted_forward: float, measured: Any) -> None:
+        """One step of ``live`` rows: the curve's forward for its sizes and its measured
+        :class:`~specframe.decode.allocate.StepAccount`."""
+        if predicted_forward > 0 and measured.target_time > 0:
+            self.forwards.setdefault(live, deque(maxlen=self.steps)).append((predicted_forward, measured.target_time))
+        self.rests.setdefault(live, deque(maxlen=self.steps)).append(max(measured.overhead_time, 0.0))
+
+    def _own(self, table: dict[int, deque], live: int) -> list:
+        """``live``'s samples, or every size's while it has fewer than :attr:`OWN`."""
+        own = list(table.get(live, ()))
+        return own if len(own) >= self.OWN else [x for q in table.values() for x in q]
+
+    def scale(self, live: int) -> float:
+        """Measured over predicted forward seconds at ``live`` rows (every size's steps
+        together while it has fewer than :attr:`OWN`; 1 before any), kept within 4x either way."""
+        pairs = self._own(self.forwards, live)
+        if not pairs:
+            return 1.0
+        return min(max(sum(m for _, m in pairs) / sum(p for p, _ in pairs), 0.25), 4.0)
+
+    def rest(self, live: int) -> float | None:
+        """The median measured rest of a step of ``live`` rows (every size's steps together
+        while it has fewer than :attr:`OWN`); None before any step."""
+        rests = self._own(self.rests, live)
+        return statistics.median(rests) if rests else None
+
+
 class StepPrice:
     """Seconds of one step of ``live`` rows given their tree sizes, from the row curve: the
-    padded layout pays for its longest tree in every row, the flat one for the mean size."""
+    padded layout pays for its longest tree in every row, the flat one for the mean size;
+    ``scale``: the :class:`Calibration`'s measured over predicted forward."""
 
-    def __init__(self, curves: Any, layout: str, live: int, cache_len: int, largest: int) -> None:
-        self.layout, self.live = layout, live
+    def __init__(self, curves: Any, layout: str, live: int, cache_len: int, largest: int, scale: float = 1.0) -> None:
+        self.layout, self.live, self.scale = layout, live, scale
         self.seconds = curves.row_curve(live).times(largest, cache_len)  # T(n) / live, n = 1..largest
 
     def __call__(self, sizes: Sequence[int]) -> float:
         """One step's target time for trees of ``sizes`` nodes."""
         n = max(sizes) if self.layout == "padded" else math.ceil(sum(sizes) / len(sizes))
-        return self.live * self.seconds[min(n, len(self.seconds)) - 1]
+        return self.scale * self.live * self.seconds[min(n, len(self.seconds)) - 1]
 
 
 @dataclass

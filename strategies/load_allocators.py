@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from specframe.decode.allocate import AllocatorOptions, BatchAllocator, water_fill
+from specframe.decode.allocate import AllocatorOptions, BatchAllocator, StepAccount, water_fill
 from specframe.interfaces import StepStats
-from specframe.strategies.goodput_model import StepPrice, acceptance_rate, goodput_plan, pooled_acceptance, \
-    recent_speculative, row_model
+from specframe.strategies.goodput_model import Calibration, Plan, StepPrice, acceptance_rate, goodput_plan, \
+    pooled_acceptance, recent_speculative, row_model, step_overhead
 
 
 def _all_on(caps: Sequence[int], total: int) -> list[int]:
@@ -133,6 +133,14 @@ class GoodputOptions(AllocatorOptions):
         cache_len: the context length the cost curve is read at (tokens).
         draft_cost: also charge each row's measured drafting time per depth of its tree (one
             draft call per layer) and its building time per node.
+        step_overhead: also charge the step's rest, what it costs beside the target forward
+            and the trees' building (verification, the host read, bookkeeping): the median
+            over the live rows' last ``window`` steps. It costs as much whether rows speculate
+            or not, so leaving it out makes a step's extra tokens look dearer than they are.
+        calibrate: scale the cost curve by the forward seconds the last steps measured over
+            those it predicted, and take the step's rest from what the batch decoder measured
+            (the step less its forward and building) instead of the rows' verification and
+            bookkeeping alone.
         pool_prior: a row's prior is the live rows' acceptance rate together (their last
             ``window`` speculative steps each; ``prior`` while none has any), so a request that
             just joined starts from what its companions measure, as SmartSpec's moving average
@@ -145,6 +153,8 @@ class GoodputOptions(AllocatorOptions):
     cache_len: int = 256
     draft_cost: bool = True
     pool_prior: bool = True
+    step_overhead: bool = True
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if int(self.window) < 1:
@@ -168,14 +178,18 @@ class Goodput(BatchAllocator):
         super().__init__(options)
         self.curves: Any = None
         self.layout = "padded"
+        self._plan: Plan | None = None
+        self._overhead, self._scale = 0.0, 1.0
+        self.calibration = Calibration()
 
     def price_batch(self, curves: Any, layout: str) -> None:
         """Keep the target's curves at the batch shapes and the layout to price steps with."""
         self.curves, self.layout = curves, layout
 
     def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
-        """Each row's budget from :func:`goodput_budgets`; without curves (never priced) every
+        """Each row's budget from :func:`~specframe.strategies.goodput_model.goodput_plan`; without curves (never priced) every
         row builds up to its cap, as ``equal`` does."""
+        self._plan = None
         if self.curves is None:
             return _all_on(caps, total)
         o = self.options
@@ -187,5 +201,20 @@ class Goodput(BatchAllocator):
         models = [row_model(h, window, acceptance_rate(h, window, prior, weight), pooled) for h in history]
         if not o.draft_cost:
             models = [replace(m, depth_cost=0.0, node_cost=0.0) for m in models]
-        price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps))
-        return goodput_plan(models, caps, total, price).sizes
+        cal = self.calibration if o.calibrate else Calibration()
+        self._scale = cal.scale(len(caps))
+        price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps), self._scale)
+        rest = cal.rest(len(caps))
+        self._overhead = 0.0 if not o.step_overhead else step_overhead(history, window) if rest is None else rest
+        self._plan = goodput_plan(models, caps, total, price, self._overhead)
+        return self._plan.sizes
+
+    def prediction(self) -> StepAccount | None:
+        """The tokens and seconds the rule expected of the step it last decided (None unpriced)."""
+        p = self._plan
+        return None if p is None else StepAccount(p.tokens, p.target_time, p.build_time, self._overhead)
+
+    def observe_step(self, measured: StepAccount) -> None:
+        """Calibrate the model with what the step it decided measured (docs/load.md)."""
+        if self._plan is not None:
+            self.calibration.add(len(self._plan.sizes), self._plan.target_time / self._scale, measured)

@@ -14,9 +14,9 @@ from specframe.sizing.profile import CostCurve
 
 
 
-def stats(size: int, depth: int, accepted: int, draft: float = 0.0, policy: float = 0.0) -> StepStats:
+def stats(size: int, depth: int, accepted: int, draft: float = 0.0, policy: float = 0.0, rest: float = 0.0) -> StepStats:
     return StepStats(tree_size=size, depth=depth, accepted=accepted, emitted=accepted + 1, draft_forwards=depth,
-                     draft_time=draft, policy_time=policy, target_time=0.0, verify_time=0.0, other_time=0.0,
+                     draft_time=draft, policy_time=policy, target_time=0.0, verify_time=rest / 2, other_time=rest / 2,
                      widths=[1] * (depth + 1), accepted_ranks=[0] * accepted)
 
 
@@ -78,6 +78,39 @@ def test_a_wide_tree_is_not_over_valued_as_a_deep_chain():
     assert goodput(lambda n: 1.0 + 0.1 * n, draft_cost=False).budgets([17], chain, 17) == [17]
 
 
+def test_the_steps_rest_is_priced_so_speculation_pays_as_measured():
+    # Where a step costs more than its forward (verification, host read, bookkeeping: on
+    # load-tiny 2-4 ms a step, absent from the old model), a drafted node is a smaller share
+    # of it: at acceptance 2/3 and a node costing 80% of a root-only forward, speculation pays
+    # only once that rest (0.5 of a forward here) is counted.
+    hist = [[stats(5, 4, 2, rest=0.5)] * 8]
+    alloc = goodput(lambda n: 1.0 + 0.8 * (n - 1), draft_cost=False)
+    assert alloc.budgets([5], hist, 5) == [2]
+    assert alloc.prediction().overhead_time == pytest.approx(0.5)
+    assert alloc.prediction().step_time == pytest.approx(1.8 + 0.5)
+    assert goodput(lambda n: 1.0 + 0.8 * (n - 1), draft_cost=False, step_overhead=False).budgets([5], hist, 5) == [1]
+
+
+def test_goodput_calibrates_its_forward_and_rest_on_what_its_steps_measured():
+    from specframe.decode.allocate import StepAccount
+
+    # The curve says a root-only step takes 1.0 and each node 0.8 more; the rows measured no
+    # rest of their own. The step then measures its forward at twice the curve and a rest of 1.0
+    # (on a busy machine, or at other context lengths): priced so, the node pays.
+    hist = [[stats(5, 4, 2)] * 8]
+    alloc = goodput(lambda n: 1.0 + 0.8 * (n - 1), draft_cost=False)
+    assert alloc.budgets([5], hist, 5) == [1]
+    alloc.observe_step(StepAccount(1.0, 2.0, 0.0, 1.0))
+    assert alloc.budgets([5], hist, 5) == [2]
+    assert alloc.prediction().target_time == pytest.approx(3.6) and alloc.prediction().overhead_time == 1.0
+    alloc.observe_step(StepAccount(1.7, 3.6, 0.0, 1.0))  # as predicted: the scale stays 2
+    assert alloc.calibration.scale(1) == pytest.approx(2.0)
+    fixed = goodput(lambda n: 1.0 + 0.8 * (n - 1), draft_cost=False, calibrate=False)
+    fixed.budgets([5], hist, 5)
+    fixed.observe_step(StepAccount(1.0, 2.0, 0.0, 1.0))
+    assert fixed.budgets([5], hist, 5) == [1]
+
+
 # ---------------------------------------------------------------- predicted beside measured
 def test_by_live_sums_the_measured_and_predicted_steps_of_each_live_size():
     from specframe.experiments.load.prediction import by_live, pooled_by_live, prediction_table
@@ -93,6 +126,7 @@ def test_by_live_sums_the_measured_and_predicted_steps_of_each_live_size():
     two = means[1]
     assert two["steps"] == 4 and two["measured_ms"] == pytest.approx(30.0)
     assert two["measured_forward_ms"] == pytest.approx(15.0) and two["measured_build_ms"] == pytest.approx(5.0)
+    assert two["measured_rest_ms"] == pytest.approx(10.0)
     assert two["measured_tokens"] == pytest.approx(2.5) and two["predicted_tokens"] == pytest.approx(1.5)
     assert two["predicted_ms"] == pytest.approx(13.0) and two["predicted_forward_ms"] == pytest.approx(10.0)
     assert two["predicted_build_ms"] == pytest.approx(2.0) and two["predicted_overhead_ms"] == pytest.approx(1.0)

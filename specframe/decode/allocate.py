@@ -32,8 +32,9 @@ class AllocatorOptions:
 
 
 @dataclass
-class StepPrediction:
-    """What an allocator that models the step expects of the step it just decided (seconds).
+class StepAccount:
+    """One step's tokens and seconds: what an allocator that models the step expects of it, or
+    what it measured.
 
     Attributes:
         tokens: tokens the step emits over all its rows (their bonus tokens included).
@@ -86,11 +87,16 @@ class BatchAllocator(ABC):
         root alone, as a plain decoding step.
         """
 
-    def prediction(self) -> StepPrediction | None:
+    def prediction(self) -> StepAccount | None:
         """What the allocator expects of the step its last :meth:`budgets` call decided, for the
         batch decoder to record beside what the step measured (docs/load.md); None (the
         default): it makes no prediction."""
         return None
+
+    def observe_step(self, measured: StepAccount) -> None:
+        """What the step its last :meth:`budgets` call decided measured (``overhead_time``: the
+        step less its forward and its trees' building), for an allocator that calibrates its
+        model. Default: ignore."""
 
     def trim(self, trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
         """The trees to verify, sizes summing to at most ``total`` (default: as built)."""

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specframe.decode.allocate import BatchAllocator, make_allocator
+from specframe.decode.allocate import BatchAllocator, StepAccount, make_allocator
 from specframe.decode.kv_flat import check_layout, make_batch_kv
 from specframe.decode.kv_padded import BatchKV
 from specframe.decode.engine import GenerationOutput, Row, SpecDecoder, _as_prompt, _eos_set, make_plugin
@@ -260,12 +260,17 @@ class BatchDecoder:
 
     def _record_model(self, result: BatchOutput, stepped: Sequence[Row], before: int) -> None:
         """The step's measured tokens, forward and build seconds beside the allocator's
-        prediction; ``stepped``: its rows, ``before``: their tokens before it."""
+        prediction, and the measurement handed to the allocator; ``stepped``: its rows,
+        ``before``: their tokens before it."""
         last = [row.out.steps[-1] for row in stepped]
-        result.step_tokens.append(sum(len(row.out.tokens) for row in stepped) - before)
-        result.step_forward.append(last[0].target_time if last else 0.0)
-        result.step_build.append(sum(s.draft_time + s.policy_time for s in last))
+        tokens = sum(len(row.out.tokens) for row in stepped) - before
+        forward = last[0].target_time if last else 0.0
+        build = sum(s.draft_time + s.policy_time for s in last)
+        result.step_tokens.append(tokens)
+        result.step_forward.append(forward)
+        result.step_build.append(build)
         result.step_predicted.append(self.allocator.prediction())
+        self.allocator.observe_step(StepAccount(tokens, forward, build, result.step_times[-1] - forward - build))
 
     def _batch_curves(self, rows: int) -> Any:
         """The target's curves up to ``rows`` rows when some row's policy prices a batch

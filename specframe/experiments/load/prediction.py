@@ -47,7 +47,8 @@ def by_live(served: Served) -> list[dict]:
 def pooled_by_live(rounds: Sequence[dict]) -> list[dict]:
     """The rounds' :func:`by_live` sums added up per live size, as means: ``steps``,
     ``predicted_steps`` and, in ms and tokens per step, ``measured_ms``, ``measured_forward_ms``,
-    ``measured_build_ms``, ``measured_tokens`` beside ``predicted_ms``, ``predicted_forward_ms``,
+    ``measured_build_ms``, ``measured_tokens``, ``measured_rest_ms`` (the step less its forward
+    and build) beside ``predicted_ms``, ``predicted_forward_ms``,
     ``predicted_build_ms``, ``predicted_overhead_ms``, ``predicted_tokens`` (None without
     predictions). Rounds stored before the cells kept it add nothing."""
     sums: dict[int, dict] = {}
@@ -61,7 +62,8 @@ def pooled_by_live(rounds: Sequence[dict]) -> list[dict]:
         s, n, p = sums[live], sums[live]["steps"], sums[live]["predicted_steps"]
         row = {"live": live, "steps": n, "predicted_steps": p,
                "measured_ms": 1e3 * s["time"] / n, "measured_forward_ms": 1e3 * s["forward"] / n,
-               "measured_build_ms": 1e3 * s["build"] / n, "measured_tokens": s["tokens"] / n}
+               "measured_build_ms": 1e3 * s["build"] / n, "measured_tokens": s["tokens"] / n,
+               "measured_rest_ms": 1e3 * (s["time"] - s["forward"] - s["build"]) / n}
         for key, name in (("step_time", "ms"), ("target_time", "forward_ms"), ("build_time", "build_ms"),
                           ("overhead_time", "overhead_ms"), ("tokens", "tokens")):
             scale = 1.0 if key == "tokens" else 1e3
@@ -74,7 +76,7 @@ COLUMNS = (("live", "live", "{}"), ("steps", "steps", "{}"),
            ("predicted_ms", "step ms predicted", "{:.2f}"), ("measured_ms", "measured", "{:.2f}"),
            ("predicted_forward_ms", "forward ms predicted", "{:.2f}"), ("measured_forward_ms", "measured", "{:.2f}"),
            ("predicted_build_ms", "build ms predicted", "{:.2f}"), ("measured_build_ms", "measured", "{:.2f}"),
-           ("predicted_overhead_ms", "rest ms predicted", "{:.2f}"),
+           ("predicted_overhead_ms", "rest ms predicted", "{:.2f}"), ("measured_rest_ms", "measured", "{:.2f}"),
            ("predicted_tokens", "tokens/step predicted", "{:.2f}"), ("measured_tokens", "measured", "{:.2f}"))
 
 

@@ -34,7 +34,7 @@ class Served:
         step_times, step_tokens, step_forward, step_build: per step, its seconds, the tokens it
             emitted, its target forward's seconds and its drafting and building seconds.
         step_predicted: per step, the allocator's prediction of it
-            (:class:`~specframe.decode.allocate.StepPrediction` as a dict) or None.
+            (:class:`~specframe.decode.allocate.StepAccount` as a dict) or None.
     """
 
     arrivals: list[float]
