@@ -7,8 +7,9 @@
   batch size.
 - ``goodput``: SmartSpec's rule (arXiv 2406.14066) per row: each step, the node budgets that
   maximise expected emitted tokens per second of step time, priced by the target's cost curve at
-  the live batch shape and each row's running acceptance estimate. A row may get its root alone
-  (no speculation) while another keeps a deep tree.
+  the live batch shape, each row's running acceptance estimate and the depth of the tree its
+  policy grows for a budget (:mod:`specframe.strategies.goodput_model`). A row may get its root
+  alone (no speculation) while another keeps a deep tree.
 
 A budget of 1 switches a row's speculation off: the engine then verifies its root alone without
 building (no policy call, no draft forward), as a plain decoding step.
@@ -16,13 +17,13 @@ building (no policy call, no draft forward), as a plain decoding step.
 
 from __future__ import annotations
 
-import heapq
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from specframe.decode.allocate import AllocatorOptions, BatchAllocator, water_fill
+from specframe.decode.allocate import AllocatorOptions, BatchAllocator, StepAccount, water_fill
 from specframe.interfaces import StepStats
+from specframe.strategies.goodput_model import Calibration, Plan, StepPrice, acceptance_rate, goodput_plan, \
+    pooled_acceptance, recent_speculative, row_model, step_overhead
 
 
 def _all_on(caps: Sequence[int], total: int) -> list[int]:
@@ -130,7 +131,16 @@ class GoodputOptions(AllocatorOptions):
             rejected step does not switch a sequence off for good (a sequence that never
             speculates again never measures again).
         cache_len: the context length the cost curve is read at (tokens).
-        draft_cost: also charge each row's measured drafting and building time per node.
+        draft_cost: also charge each row's measured drafting time per depth of its tree (one
+            draft call per layer) and its building time per node.
+        step_overhead: also charge the step's rest, what it costs beside the target forward
+            and the trees' building (verification, the host read, bookkeeping): the median
+            over the live rows' last ``window`` steps. It costs as much whether rows speculate
+            or not, so leaving it out makes a step's extra tokens look dearer than they are.
+        calibrate: scale the cost curve by the forward seconds the last steps measured over
+            those it predicted, and take the step's rest from what the batch decoder measured
+            (the step less its forward and building) instead of the rows' verification and
+            bookkeeping alone.
         pool_prior: a row's prior is the live rows' acceptance rate together (their last
             ``window`` speculative steps each; ``prior`` while none has any), so a request that
             just joined starts from what its companions measure, as SmartSpec's moving average
@@ -143,6 +153,8 @@ class GoodputOptions(AllocatorOptions):
     cache_len: int = 256
     draft_cost: bool = True
     pool_prior: bool = True
+    step_overhead: bool = True
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if int(self.window) < 1:
@@ -153,79 +165,6 @@ class GoodputOptions(AllocatorOptions):
             raise ValueError(f"prior_weight must be >= 0 (tries), got {self.prior_weight!r}")
         if int(self.cache_len) < 1:
             raise ValueError(f"cache_len must be >= 1 (tokens), got {self.cache_len!r}")
-
-
-def recent_speculative(steps: Sequence[StepStats], window: int) -> list[StepStats]:
-    """A row's last ``window`` steps that verified more than their root (what it measured)."""
-    return [s for s in steps if s.tree_size > 1][-window:]
-
-
-def acceptance_rate(steps: Sequence[StepStats], window: int, prior: float, weight: float = 0.0) -> float:
-    """A row's per-token acceptance rate from its last ``window`` speculative steps: accepted
-    tokens over tries, a try being each accepted token plus the rejection that ended a step
-    short of its tree's depth (the geometric model's estimate), with ``prior`` counted as
-    ``weight`` tries beside them (a Beta prior's mean); ``prior`` without such steps."""
-    spec = recent_speculative(steps, window)
-    tries = sum(s.accepted + (1 if s.accepted < s.depth else 0) for s in spec)
-    if tries + weight == 0:
-        return prior
-    return min((sum(s.accepted for s in spec) + prior * weight) / (tries + weight), 0.999)
-
-
-def pooled_acceptance(history: Sequence[Sequence[StepStats]], window: int, prior: float, weight: float) -> float:
-    """The rows' acceptance rate together: :func:`acceptance_rate` over each row's last
-    ``window`` speculative steps; ``prior`` (with ``weight``) where no row has any."""
-    steps = [s for h in history for s in recent_speculative(h, window)]
-    return acceptance_rate(steps, max(len(steps), 1), prior, weight)
-
-
-def node_cost(steps: Sequence[StepStats], window: int) -> float:
-    """Seconds of drafting and building per draft node over a row's recent speculative steps."""
-    spec = recent_speculative(steps, window)
-    nodes = sum(s.tree_size - 1 for s in spec)
-    return sum(s.draft_time + s.policy_time for s in spec) / nodes if nodes else 0.0
-
-
-class StepPrice:
-    """Seconds of one step of ``live`` rows given their tree sizes, from the row curve: the
-    padded layout pays for its longest tree in every row, the flat one for the mean size."""
-
-    def __init__(self, curves: Any, layout: str, live: int, cache_len: int, largest: int) -> None:
-        self.layout, self.live = layout, live
-        self.seconds = curves.row_curve(live).times(largest, cache_len)  # T(n) / live, n = 1..largest
-
-    def __call__(self, sizes: Sequence[int]) -> float:
-        """One step's target time for trees of ``sizes`` nodes."""
-        n = max(sizes) if self.layout == "padded" else math.ceil(sum(sizes) / len(sizes))
-        return self.live * self.seconds[min(n, len(self.seconds)) - 1]
-
-
-def goodput_budgets(alphas: Sequence[float], costs: Sequence[float], caps: Sequence[int], total: int,
-                    price: Any) -> list[int]:
-    """The sizes maximising expected emitted tokens per second: nodes are added one at a time,
-    each to the row whose next node has the highest acceptance probability (``alpha ** depth``,
-    the chain model), and the best point along that path is kept (the all-roots start
-    included, so every row may stay off). ``price(sizes)``: the step's target seconds;
-    ``costs[b]``: row b's seconds per draft node."""
-    sizes = [1] * len(caps)
-    value = float(len(caps))  # every row emits its bonus token
-    spent = 0.0
-    best, best_rate = list(sizes), value / max(price(sizes), 1e-12)
-    heap = [(-a, b) for b, a in enumerate(alphas) if caps[b] > 1 and a > 0]
-    heapq.heapify(heap)
-    room = total - len(caps)
-    while heap and room > 0:
-        gain, b = heapq.heappop(heap)
-        sizes[b] += 1
-        room -= 1
-        value -= gain
-        spent += costs[b]
-        rate = value / max(price(sizes) + spent, 1e-12)
-        if rate > best_rate:
-            best, best_rate = list(sizes), rate
-        if sizes[b] < caps[b]:
-            heapq.heappush(heap, (gain * alphas[b], b))
-    return best
 
 
 class Goodput(BatchAllocator):
@@ -239,21 +178,43 @@ class Goodput(BatchAllocator):
         super().__init__(options)
         self.curves: Any = None
         self.layout = "padded"
+        self._plan: Plan | None = None
+        self._overhead, self._scale = 0.0, 1.0
+        self.calibration = Calibration()
 
     def price_batch(self, curves: Any, layout: str) -> None:
         """Keep the target's curves at the batch shapes and the layout to price steps with."""
         self.curves, self.layout = curves, layout
 
     def budgets(self, caps: Sequence[int], history: Sequence[Sequence[StepStats]], total: int) -> list[int]:
-        """Each row's budget from :func:`goodput_budgets`; without curves (never priced) every
+        """Each row's budget from :func:`~specframe.strategies.goodput_model.goodput_plan`; without curves (never priced) every
         row builds up to its cap, as ``equal`` does."""
+        self._plan = None
         if self.curves is None:
             return _all_on(caps, total)
         o = self.options
-        prior = float(o.prior)
-        if o.pool_prior:
-            prior = pooled_acceptance(history, int(o.window), prior, float(o.prior_weight))
-        alphas = [acceptance_rate(h, int(o.window), prior, float(o.prior_weight)) for h in history]
-        costs = [node_cost(h, int(o.window)) if o.draft_cost else 0.0 for h in history]
-        price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps))
-        return goodput_budgets(alphas, costs, caps, total, price)
+        window, weight = int(o.window), float(o.prior_weight)
+        prior = pooled_acceptance(history, window, float(o.prior), weight) if o.pool_prior else float(o.prior)
+        # A row that has not speculated yet grows its trees as its companions do (same policy).
+        recent = [s for h in history for s in recent_speculative(h, window)]
+        pooled = row_model(recent, max(len(recent), 1), prior)
+        models = [row_model(h, window, acceptance_rate(h, window, prior, weight), pooled) for h in history]
+        if not o.draft_cost:
+            models = [replace(m, depth_cost=0.0, node_cost=0.0) for m in models]
+        cal = self.calibration if o.calibrate else Calibration()
+        self._scale = cal.scale(len(caps))
+        price = StepPrice(self.curves, self.layout, len(caps), int(o.cache_len), max(caps), self._scale)
+        rest = cal.rest(len(caps))
+        self._overhead = 0.0 if not o.step_overhead else step_overhead(history, window) if rest is None else rest
+        self._plan = goodput_plan(models, caps, total, price, self._overhead)
+        return self._plan.sizes
+
+    def prediction(self) -> StepAccount | None:
+        """The tokens and seconds the rule expected of the step it last decided (None unpriced)."""
+        p = self._plan
+        return None if p is None else StepAccount(p.tokens, p.target_time, p.build_time, self._overhead)
+
+    def observe_step(self, measured: StepAccount) -> None:
+        """Calibrate the model with what the step it decided measured (docs/load.md)."""
+        if self._plan is not None:
+            self.calibration.add(len(self._plan.sizes), self._plan.target_time / self._scale, measured)

@@ -31,6 +31,29 @@ class AllocatorOptions:
     budget: int | None = None
 
 
+@dataclass
+class StepAccount:
+    """One step's tokens and seconds: what an allocator that models the step expects of it, or
+    what it measured.
+
+    Attributes:
+        tokens: tokens the step emits over all its rows (their bonus tokens included).
+        target_time: the target forward.
+        build_time: drafting and building every row's tree.
+        overhead_time: the rest of the step (verification, host read, bookkeeping).
+    """
+
+    tokens: float
+    target_time: float
+    build_time: float = 0.0
+    overhead_time: float = 0.0
+
+    @property
+    def step_time(self) -> float:
+        """The whole step."""
+        return self.target_time + self.build_time + self.overhead_time
+
+
 class BatchAllocator(ABC):
     """Splits one step's node budget across the live sequences of a batch."""
 
@@ -63,6 +86,17 @@ class BatchAllocator(ABC):
         off for the step: it is not built (no policy call, no draft forward) and verifies its
         root alone, as a plain decoding step.
         """
+
+    def prediction(self) -> StepAccount | None:
+        """What the allocator expects of the step its last :meth:`budgets` call decided, for the
+        batch decoder to record beside what the step measured (docs/load.md); None (the
+        default): it makes no prediction."""
+        return None
+
+    def observe_step(self, measured: StepAccount) -> None:
+        """What the step its last :meth:`budgets` call decided measured (``overhead_time``: the
+        step less its forward and its trees' building), for an allocator that calibrates its
+        model. Default: ignore."""
 
     def trim(self, trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
         """The trees to verify, sizes summing to at most ``total`` (default: as built)."""

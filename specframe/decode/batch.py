@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specframe.decode.allocate import BatchAllocator, make_allocator
+from specframe.decode.allocate import BatchAllocator, StepAccount, make_allocator
 from specframe.decode.kv_flat import check_layout, make_batch_kv
 from specframe.decode.kv_padded import BatchKV
 from specframe.decode.engine import GenerationOutput, Row, SpecDecoder, _as_prompt, _eos_set, make_plugin
@@ -54,6 +54,13 @@ class BatchOutput:
     #: Per step: seconds from the start to its end, and the live sequences it decoded.
     step_at: list[float] = field(default_factory=list)
     step_live: list[int] = field(default_factory=list)
+    #: Per step: the tokens it emitted over all its rows, its target forward's seconds, its rows'
+    #: drafting and building seconds together, and the allocator's prediction of it (None: the
+    #: allocator predicts nothing): the model's view beside the measured one (docs/load.md).
+    step_tokens: list[int] = field(default_factory=list)
+    step_forward: list[float] = field(default_factory=list)
+    step_build: list[float] = field(default_factory=list)
+    step_predicted: list[Any] = field(default_factory=list)
 
     @property
     def latencies(self) -> list[float]:
@@ -211,11 +218,13 @@ class BatchDecoder:
                 if curves is not None and len(rows) != priced:
                     priced = self._price([row.policy for row in rows], curves.row_curve(len(rows)))
                 fresh = [row.index for row in rows if not row.out.tokens]
+                stepping, before = rows, sum(len(row.out.tokens) for row in rows)
                 t0 = time.perf_counter()
                 live = len(rows)
                 rows = dec._step(kv, rows, dec.verifier, max_new_tokens, eos, start, self.allocator, self.batch_drafts)
                 t1 = time.perf_counter()
                 self._record(result, t1 - t0, t1 - start, live, kv.last_rows, fresh)
+                self._record_model(result, stepping, before)
                 if rows and waiting and len(rows) < width:
                     joining, waiting = arrived(waiting, due, width - len(rows), start)
                     if joining:
@@ -248,6 +257,20 @@ class BatchDecoder:
         result.step_rows.append(computed)
         for i in fresh:
             result.first_token[i] = at
+
+    def _record_model(self, result: BatchOutput, stepped: Sequence[Row], before: int) -> None:
+        """The step's measured tokens, forward and build seconds beside the allocator's
+        prediction, and the measurement handed to the allocator; ``stepped``: its rows,
+        ``before``: their tokens before it."""
+        last = [row.out.steps[-1] for row in stepped]
+        tokens = sum(len(row.out.tokens) for row in stepped) - before
+        forward = last[0].target_time if last else 0.0
+        build = sum(s.draft_time + s.policy_time for s in last)
+        result.step_tokens.append(tokens)
+        result.step_forward.append(forward)
+        result.step_build.append(build)
+        result.step_predicted.append(self.allocator.prediction())
+        self.allocator.observe_step(StepAccount(tokens, forward, build, result.step_times[-1] - forward - build))
 
     def _batch_curves(self, rows: int) -> Any:
         """The target's curves up to ``rows`` rows when some row's policy prices a batch

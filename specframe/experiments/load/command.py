@@ -62,6 +62,19 @@ def load_command(config_path: Path, options: dict[str, Any], out: Path | None, p
         console.print(line, markup=False)
     console.print(f"Summary: {out_dir / 'summary.json'}  table: {out_dir / 'table.md'}  plots: {out_dir / 'plots'}",
                   markup=False)
+    print_prediction(summary, out_dir, console)
+
+
+def print_prediction(summary: dict, out_dir: Path, console: Any) -> None:
+    """The predicting allocators' model beside the measurement, per live batch size (where
+    they part, the model is wrong), and where every arm's is kept."""
+    from specframe.experiments.load.prediction import prediction_table
+
+    table = prediction_table(summary)
+    if table:
+        console.print("Predicted beside measured, per live batch size (means per step):", markup=False)
+        console.print(table, markup=False)
+    console.print(f"Every arm per live batch size: {out_dir / 'prediction.md'}", markup=False)
 
 
 def mismatch_lines(out_dir: Path, summary: dict) -> list[str]:

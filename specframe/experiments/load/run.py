@@ -22,6 +22,7 @@ from specframe.experiments.loading import ModelPool, load_tokenizer, stop_tokens
 from specframe.experiments.runners import build_runner
 from specframe.experiments.load.arrivals import arrival_times
 from specframe.experiments.load.metrics import pooled, round_record
+from specframe.experiments.load.prediction import by_live, pooled_by_live, prediction_table
 from specframe.experiments.load.serve import serve_autoregressive, serve_speculative
 from specframe.experiments.load.settings import LoadSettings
 from specframe.experiments.load.store import cell_path, done_cell, read_json
@@ -114,6 +115,7 @@ class LoadRun:
         cell = {"key": key, "arm": arm.name, "rate": rate, "round": round_,
                 "allocator": arm.batch_allocator.name if arm.batch_allocator else None,
                 "series": {"step_at": served.step_at, "step_live": served.step_live}, **record}
+        cell["by_live"] = by_live(served)  # the allocator's model beside the measurement
         write_json(cell_path(self.out_dir, rate, arm.name, round_), cell)
         return cell
 
@@ -187,8 +189,11 @@ class LoadRun:
                    "cells": [{"rate": rate, "arm": arm, "allocator": rounds[0].get("allocator"),
                               **pooled(rounds, s.slo_tpot_ms)}
                              for (rate, arm), rounds in sorted(results.items(), key=lambda kv: kv[0][0])]}
+        for entry in summary["cells"]:
+            entry["by_live"] = pooled_by_live(results[entry["rate"], entry["arm"]])
         write_json(self.out_dir / "summary.json", summary)
         (self.out_dir / "table.md").write_text(markdown_table(summary), encoding="utf-8")
+        (self.out_dir / "prediction.md").write_text(prediction_table(summary, predicted_only=False), encoding="utf-8")
         # Each list is in round order (the cells run round by round): round 0 stands for the rounds.
         series = {k: (rounds[0]["series"]["step_at"], rounds[0]["series"]["step_live"]) for k, rounds in results.items()}
         make_plots(summary, series, self.out_dir)

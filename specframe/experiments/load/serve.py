@@ -9,7 +9,7 @@ clock: wall time while some request is live, the idle gaps skipped.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -31,7 +31,10 @@ class Served:
         step_at, step_live: per step, when it ended and how many sequences it decoded.
         row_steps, speculated: sequence-steps in all, and those that verified a tree of more than
             its root.
-        step_times: per step, its own duration (the busy time the live batch is averaged over).
+        step_times, step_tokens, step_forward, step_build: per step, its seconds, the tokens it
+            emitted, its target forward's seconds and its drafting and building seconds.
+        step_predicted: per step, the allocator's prediction of it
+            (:class:`~specframe.decode.allocate.StepAccount` as a dict) or None.
     """
 
     arrivals: list[float]
@@ -44,6 +47,10 @@ class Served:
     row_steps: int = 0
     speculated: int = 0
     step_times: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    step_forward: list[float] = field(default_factory=list)
+    step_build: list[float] = field(default_factory=list)
+    step_predicted: list[dict | None] = field(default_factory=list)
 
 
 def from_batch(out: BatchOutput, arrivals: Sequence[float]) -> Served:
@@ -52,7 +59,9 @@ def from_batch(out: BatchOutput, arrivals: Sequence[float]) -> Served:
     return Served(list(arrivals), list(out.joined), list(out.first_token), [o.wall_time for o in out.outputs],
                   [list(o.tokens) for o in out.outputs], list(out.step_at), list(out.step_live),
                   row_steps=len(steps), speculated=sum(1 for s in steps if s.tree_size > 1),
-                  step_times=list(out.step_times))
+                  step_times=list(out.step_times), step_tokens=list(out.step_tokens),
+                  step_forward=list(out.step_forward), step_build=list(out.step_build),
+                  step_predicted=[None if p is None else asdict(p) for p in out.step_predicted])
 
 
 def serve_speculative(batcher: BatchDecoder, prompts: Sequence[Sequence[int]], arrivals: Sequence[float],
@@ -108,7 +117,12 @@ def serve_autoregressive(target: Any, prompts: Sequence[Sequence[int]], arrivals
                 still.append(i)
                 kept.append(tok)
         kv.keep(paths, width)
-        out.step_times.append(time.perf_counter() - t0)
+        spent = time.perf_counter() - t0
+        out.step_times.append(spent)
+        out.step_tokens.append(len(nexts))  # one token per row; the forward is the whole step
+        out.step_forward.append(spent)
+        out.step_build.append(0.0)
+        out.step_predicted.append(None)
         out.step_at.append(now)
         out.step_live.append(len(live))
         live, last = still, kept
