@@ -1,4 +1,5 @@
-"""One experiment twice, float32 linears against bf16 linears, interleaved question by question.
+"""One experiment twice, float32 linears against bf16 linears, interleaved question by question
+(four times with ``--exact both``: each linears with the exact forward off and on).
 
 An experiment runs one target: every arm of it, the autoregressive baseline included, runs the
 same linears, so its speedups and mismatches are read against the AR arm of *that* model. To
@@ -8,6 +9,11 @@ read what bf16 linears gain, this script runs the experiment file twice, ``[targ
 
     python benchmarks/linears_ab.py examples/demo.toml --out runs/linears-ab [--chunk 1]
         [--limit N] [--max-new-tokens T] [--arms talon,talon-16] [--threads 2] [--fresh]
+        [--exact file|on|off|both]
+
+``--exact``: ``file`` (default) keeps the file's ``[target] exact``; ``on`` / ``off`` set it for
+both runs; ``both`` adds two runs, ``DIR/float32-exact`` and ``DIR/bf16-exact``, with the exact
+forward (:mod:`specframe.models.exact`), all four taking turns.
 
 How the two runs are interleaved: the question limit grows a chunk (``--chunk K``, default 1)
 at a time, and for each chunk both runs answer their new questions, the run going first
@@ -57,6 +63,13 @@ from specframe.models.cache_keys import cpu_name
 ROOT = Path(__file__).resolve().parent.parent
 #: The two runs, in the order of the table's rows.
 LINEARS = ("float32", "bf16")
+#: The suffix of a run with the exact forward on.
+EXACT = "-exact"
+
+
+def variants(exact: str) -> tuple[str, ...]:
+    """The runs of ``--exact``: the linears, then (``both``) the linears with the exact forward."""
+    return LINEARS + tuple(lin + EXACT for lin in LINEARS) if exact == "both" else LINEARS
 
 
 class HeldExperiment(Experiment):
@@ -92,10 +105,12 @@ class HeldExperiment(Experiment):
         self._warm.update(arm.name for arm in cold)
 
 
-def variant(config: ExperimentConfig, linears: str, limit: int) -> ExperimentConfig:
-    """``config`` with ``[target] linears`` and ``[data] limit`` set (nothing else changes)."""
-    return dataclasses.replace(config, target=dataclasses.replace(config.target, linears=linears),
-                               data=dataclasses.replace(config.data, limit=limit))
+def variant(config: ExperimentConfig, name: str, limit: int) -> ExperimentConfig:
+    """``config`` with ``[target] linears`` (and ``exact`` for a name ending in ``-exact``) and
+    ``[data] limit`` set (nothing else changes)."""
+    exact = name.endswith(EXACT) or config.target.exact
+    target = dataclasses.replace(config.target, linears=name.removesuffix(EXACT), exact=exact)
+    return dataclasses.replace(config, target=target, data=dataclasses.replace(config.data, limit=limit))
 
 
 def answer_lines(out_dir: Path, arms: list[ArmConfig]) -> dict[str, list[tuple[str, int]]]:
@@ -138,14 +153,16 @@ def chunk_limits(done: int, total: int, chunk: int) -> list[int]:
     return ([done] if 0 < done < total else []) + list(range(done + chunk, total, chunk)) + [total]
 
 
-def interleave(config: ExperimentConfig, out: Path, total: int, chunk: int, fresh: bool) -> dict[str, Path]:
-    """Both runs, the limit growing ``chunk`` questions at a time; a progress line per chunk."""
-    runs = {lin: HeldExperiment(variant(config, lin, total), out / lin, fresh=fresh) for lin in LINEARS}
+def interleave(config: ExperimentConfig, out: Path, total: int, chunk: int, fresh: bool,
+               names: tuple[str, ...] = LINEARS) -> dict[str, Path]:
+    """Every run of ``names``, the limit growing ``chunk`` questions at a time; a progress line
+    per chunk."""
+    runs = {lin: HeldExperiment(variant(config, lin, total), out / lin, fresh=fresh) for lin in names}
     start = time.perf_counter()
-    limits = chunk_limits(0 if fresh else max(asked(out / lin) for lin in LINEARS), total, chunk)
+    limits = chunk_limits(0 if fresh else max(asked(out / lin) for lin in names), total, chunk)
     for i, limit in enumerate(limits):
         parts = []
-        for lin in LINEARS if i % 2 == 0 else LINEARS[::-1]:
+        for lin in names if i % 2 == 0 else names[::-1]:
             computed, reused, seconds = run_chunk(runs[lin], variant(config, lin, limit))
             runs[lin].fresh = False  # --fresh discards once, before the first chunk
             parts.append(f"{lin}: {computed} computed, {reused} reused, {seconds:.1f} s")
@@ -169,16 +186,18 @@ def speedup_cell(overall: dict) -> str:
 
 def table(summaries: dict[str, dict], labels: dict[str, str], names: list[str]) -> list[str]:
     """The markdown table: per arm of ``names`` (a directory may hold more, from other runs), a
-    row per linears; the bf16 row has bf16/float32 tokens/s."""
-    rows = ["| arm | linears | tau | tokens/s | speedup vs AR (95% CI) | mismatches vs AR | bf16 / float32 tokens/s |",
+    row per run; every run but the first has its tokens/s over the first run's."""
+    runs = list(summaries)
+    rows = [f"| arm | linears | tau | tokens/s | speedup vs AR (95% CI) | mismatches vs AR | tokens/s / {runs[0]}'s |",
             "|---|---|---|---|---|---|---|"]
     arms = {lin: {a["name"]: a["overall"] for a in s["arms"]} for lin, s in summaries.items()}
     for name in names:
-        for lin in LINEARS:
+        for lin in runs:
             o = arms[lin].get(name, {})
             ratio = "-"
-            if lin == "bf16" and o.get("tokens_per_s") and arms["float32"].get(name, {}).get("tokens_per_s"):
-                ratio = f"{o['tokens_per_s'] / arms['float32'][name]['tokens_per_s']:.2f}"
+            first = arms[runs[0]].get(name, {}).get("tokens_per_s")
+            if lin != runs[0] and o.get("tokens_per_s") and first:
+                ratio = f"{o['tokens_per_s'] / first:.2f}"
             mismatches = "-" if o.get("compared") is None else f"{o.get('mismatches', 0)}/{o['compared']}"
             rows.append(f"| {name} | {labels[lin]} | {cell(o.get('tau'), '.2f')} | {cell(o.get('tokens_per_s'), '.1f')} "
                         f"| {speedup_cell(o)} | {mismatches} | {ratio} |")
@@ -196,9 +215,9 @@ def header(config: ExperimentConfig, total: int, labels: dict[str, str]) -> list
             f"thread(s), commit {commit}{' (uncommitted changes)' if dirty else ''}, `{command}`",
             "",
             f"{config.name} on {config.target.model}: {total} question(s), {config.max_new_tokens} new tokens, "
-            f"{config.repeats} repeat(s); linears float32 = {labels['float32']}, bf16 = {labels['bf16']}. "
-            "Both runs interleaved question by question; each arm's speedup and mismatches are against the "
-            "autoregressive arm of the same linears.",
+            f"{config.repeats} repeat(s); runs: " + ", ".join(f"{k} = {v}" for k, v in labels.items()) + ". "
+            "The runs interleaved question by question; each arm's speedup and mismatches are against the "
+            "autoregressive arm of the same run.",
             ""]
 
 
@@ -238,8 +257,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--arms", default=None,
                         help="comma-separated arm names to keep (the autoregressive baseline is always kept)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier answers in both runs first")
+    parser.add_argument("--exact", choices=("file", "on", "off", "both"), default="file",
+                        help="the exact forward: as the file says, on or off for both runs, or both (four runs)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
+    if args.exact in ("on", "off"):
+        config = dataclasses.replace(config, target=dataclasses.replace(config.target, exact=args.exact == "on"))
     config = dataclasses.replace(config, max_new_tokens=args.max_new_tokens or config.max_new_tokens,
                                  threads=args.threads or config.threads)
     if args.arms:
@@ -250,9 +273,10 @@ def main(argv: list[str] | None = None) -> str:
         config = dataclasses.replace(config, arms=[a for a in config.arms
                                                    if a.name in keep or a.baseline == "autoregressive"])
     total = len(load_questions(config.data.path, config.data.category, args.limit or config.data.limit))
-    dirs = interleave(config, args.out, total, max(1, args.chunk), args.fresh)
+    dirs = interleave(config, args.out, total, max(1, args.chunk), args.fresh, variants(args.exact))
     summaries = {lin: write_report(path) for lin, path in dirs.items()}
-    labels = {lin: RunFile(path).read().get("linears", lin) for lin, path in dirs.items()}
+    labels = {lin: RunFile(path).read().get("linears", lin) + (" exact" if RunFile(path).read().get("exact") else "")
+              for lin, path in dirs.items()}
     names = [a.name for a in config.arms]
     text = "\n".join([*header(config, total, labels), *table(summaries, labels, names), "",
                       "Tree depth vs the root's confidence, bf16 run:", *shape_lines(dirs["bf16"], names)]) + "\n"
