@@ -7,10 +7,14 @@ weight packed once into bf16 panels (``csrc/bf16_gemm.cpp``, compiled for this C
 use, :func:`load_extension`), rounds its input to bf16 and accumulates the products in float32
 with the CPU's bf16 dot products: AMX tiles (``amx_bf16``, after Linux grants the process the
 tile data state) or AVX512_BF16 (``avx512_bf16``). Every output element is summed in one fixed
-order for every row count, so a tree node's logits equal those of the same token fed alone, bit
-for bit, and "lossless" keeps its meaning: greedy speculative output equals greedy decoding of
-the same bf16 model. Every row count takes the kernel (a prompt's prefill too): rows sent to
-another GEMM would make a second model.
+order for every row count, so a row's output does not depend on the rows beside it. That alone
+does not make a tree node's logits equal those of the same token fed alone: attention and the
+element-wise ops still sum by shape, and the next bf16 rounding widens their last-bit
+differences (docs/performance.md measures greedy answers leaving the bf16 baseline). With the
+exact forward on (:mod:`specframe.models.exact`, ``[target] exact = true``) they are equal bit
+for bit, and greedy speculative output equals greedy decoding of the same bf16 model by
+construction. Every row count takes the kernel (a prompt's prefill too): rows sent to another
+GEMM would make a second model.
 
 Only the linears change numerics: norms, attention, rotary embeddings and the embedding lookup
 stay as the model runs them (float32). :func:`use_linears` installs the layers in a model;
