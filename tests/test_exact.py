@@ -256,3 +256,22 @@ def test_exact_is_installed_and_refused_in_one_line():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, num_hidden_layers=1, **SHAPES["h12"])).double()
     with pytest.raises(ExactUnavailableError, match="float32 models only"):
         use_exact(model)
+
+
+@pytest.mark.skipif(BF16 is None, reason="this CPU has neither avx512_bf16 nor amx_bf16")
+def test_bf16_linears_alone_do_not_make_a_token_shape_invariant():
+    """What bf16_linear's docstring once claimed: row-invariant linears with the stock attention
+    leave a token's logits in a tree different from the token's alone (the exact forward mends it)."""
+    rng = random.Random(1)
+    differs = 0
+    for seed in range(6):
+        case = dict(shape=rng.choice(sorted(SHAPES)), linears="bf16",
+                    prefix=[rng.randrange(VOCAB) for _ in range(rng.randint(8, 24))],
+                    path=[rng.randrange(VOCAB) for _ in range(3)], extra=8, layout="single", others=1,
+                    chunks=1, preallocate=False, threads=1, seed=seed)
+        differs += not check(case, exact=False)[0]
+        assert check(case, exact=True)[0]
+    assert differs
+    from specframe.models import bf16_linear
+
+    assert "exact forward" in bf16_linear.__doc__
