@@ -16,7 +16,11 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
-FLAGS = ("-O3", "-march=native", "-fopenmp")  # -fopenmp: at::parallel_for's pragmas
+# -fopenmp: at::parallel_for's pragmas. -ffp-contract=off: the compiler never fuses a multiply
+# and an add on its own, a choice it may make differently for two instantiations of one loop
+# (a 1-row and a 12-row tile summed the same k differently); the kernels write every fused
+# multiply-add they want explicitly, so a row's arithmetic cannot depend on its tile.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
 
 
 def _link_flags() -> list[str]:

@@ -85,7 +85,7 @@ def _plain(x: torch.Tensor) -> bool:
 class NativeLinear(nn.Module):
     """A drop-in ``nn.Linear`` (same ``weight``/``bias`` tensors) whose float32 inference forward
     of at most :data:`NATIVE_MAX_ROWS` rows runs specframe's small-row GEMM
-    (``csrc/small_gemm.cpp``, compiled for this CPU) on a weight packed once into 16-column
+    (``csrc/small_gemm.cpp``, compiled for this CPU) on a weight packed once into one-vector
     panels; anything else takes ``F.linear``. Each row's result is the same whatever the number
     of rows in the call."""
 

@@ -21,6 +21,7 @@
 // Threads split whole units (attention) or registers (silu), so the thread count changes nothing.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
@@ -41,6 +42,28 @@ struct Vec {
 template <typename T>
 using vec_t = typename Vec<T>::type;
 typedef int32_t vec_i32 __attribute__((vector_size(32)));
+
+// acc + a * b, one fused multiply-add where the CPU has FMA (the build never fuses on its own).
+inline vec_t<float> fmadd(vec_t<float> a, vec_t<float> b, vec_t<float> acc) {
+#if defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, acc);
+#else
+  return acc + a * b;
+#endif
+}
+
+inline vec_t<double> fmadd(vec_t<double> a, vec_t<double> b, vec_t<double> acc) { return acc + a * b; }
+
+// x in every lane.
+inline vec_t<float> splat(float x) {
+#if defined(__AVX__)
+  return _mm256_set1_ps(x);
+#else
+  return vec_t<float>{} + x;
+#endif
+}
+
+inline vec_t<double> splat(double x) { return vec_t<double>{} + x; }
 
 template <typename T>
 inline vec_t<T> load(const T* p) {
@@ -100,8 +123,8 @@ inline T dot(const T* q, const T* k, int64_t d) {
   constexpr int L = Vec<T>::lanes;
   vec_t<T> acc = vec_t<T>{};
   int64_t i = 0;
-  for (; i + L <= d; i += L) acc += load(q + i) * load(k + i);
-  if (i < d) acc += load_part(q + i, d - i) * load_part(k + i, d - i);
+  for (; i + L <= d; i += L) acc = fmadd(load(q + i), load(k + i), acc);
+  if (i < d) acc = fmadd(load_part(q + i, d - i), load_part(k + i, d - i), acc);
   return hsum(acc);
 }
 
@@ -112,11 +135,11 @@ inline void axpy(T* out, T p, const T* v, int64_t d) {
   constexpr int L = Vec<T>::lanes;
   int64_t i = 0;
   for (; i + L <= d; i += L) {
-    vec_t<T> o = load(out + i) + p * load(v + i);
+    vec_t<T> o = fmadd(splat(p), load(v + i), load(out + i));
     std::memcpy(out + i, &o, sizeof(o));
   }
   if (i < d) {
-    vec_t<T> o = load_part(out + i, d - i) + p * load_part(v + i, d - i);
+    vec_t<T> o = fmadd(splat(p), load_part(v + i, d - i), load_part(out + i, d - i));
     std::memcpy(out + i, &o, (d - i) * sizeof(T));
   }
 }
@@ -143,7 +166,7 @@ void scores(const T* q, const T* kbase, int64_t kstride, const int64_t* keys, in
     for (int64_t j = 0; j < n; ++j) {
       const T* k = kbase + keys[j] * kstride;
       vec_t<T> acc = vec_t<T>{};
-      for (int i = 0; i < NB; ++i) acc += qv[i] * load(k + i * L);
+      for (int i = 0; i < NB; ++i) acc = fmadd(qv[i], load(k + i * L), acc);
       s[j] = hsum(acc) * scale;
     }
   }
@@ -164,7 +187,7 @@ void weighted_values(const T* p, const T* vbase, int64_t vstride, const int64_t*
     for (int i = 0; i < NB; ++i) acc[i] = vec_t<T>{};
     for (int64_t j = 0; j < n; ++j) {
       const T* v = vbase + keys[j] * vstride;
-      for (int i = 0; i < NB; ++i) acc[i] = acc[i] + p[j] * load(v + i * L);
+      for (int i = 0; i < NB; ++i) acc[i] = fmadd(splat(p[j]), load(v + i * L), acc[i]);
     }
     for (int i = 0; i < NB; ++i) {
       vec_t<T> o = acc[i] / norm;
