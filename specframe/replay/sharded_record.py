@@ -29,7 +29,7 @@ import torch
 
 from specframe.errors import ExperimentError
 from specframe.experiments.cluster import rayrun
-from specframe.experiments.cluster.device import device_kind, worker_index
+from specframe.experiments.device import device_kind
 from specframe.experiments.cluster.driver import placement
 from specframe.experiments.cluster.pool import ActorPool
 from specframe.experiments.config import ExperimentConfig
@@ -57,12 +57,12 @@ class RecordWorker:
 
     def __init__(self, config: ExperimentConfig, questions: list[Question], number: int,
                  curve: str | None = None) -> None:
-        from specframe.experiments.cluster.device import describe_device
+        from specframe.experiments.device import describe_device
 
         if config.threads:
             torch.set_num_threads(config.threads)
         self.questions = questions
-        self.recorder = Recorder(config, questions, worker_index(number))
+        self.recorder = Recorder(config, questions, rayrun.worker_index(number))
         if curve is not None:
             self.use_curve(curve)
         own = self.recorder.curve

@@ -66,6 +66,21 @@ def worker_count(workers: int | None, per_worker: dict[str, float] | None = None
     return max(1, min(fits) if fits else 1)
 
 
+def worker_index(number: int) -> int:
+    """The device index a Ray worker records: its physical GPU under Ray, else its number."""
+    import torch
+
+    if torch.cuda.is_available():
+        try:
+            ray = ray_module()
+            ids = ray.get_gpu_ids()
+            if ids:
+                return int(ids[0])
+        except Exception:  # not in a Ray worker: the number stands
+            pass
+    return int(number)
+
+
 def task_message(err: BaseException) -> str:
     """One line for a failed task: its own exception when Ray kept it (a RayTaskError's text
     is a whole traceback), else Ray's own error (a worker that died, an actor lost)."""
