@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("ray")
 
 from fake_ray import ADDRESS, NODE, Actor, FakeRay  # noqa: E402
+from ray_session import local_ray  # noqa: E402,F401 - the session's Ray fixture
 from specframe.errors import ExperimentError  # noqa: E402
 from specframe.experiments.cluster import nodes  # noqa: E402
 from specframe.experiments.cluster.pool import ActorPool  # noqa: E402
@@ -108,3 +109,17 @@ def test_tasks_stop_when_a_node_is_lost_naming_it(fake_clock, monkeypatch, how):
             got.append(value)
     assert len(got) == 2 and NODE[:12] in str(caught.value) and str(caught.value).endswith("Rerun to go on.")
     assert ray.clock.now <= 60
+
+
+def test_on_a_real_ray_a_replacement_starts_when_the_last_actor_dies_and_the_dead_one_is_killed(local_ray):
+    from ray_faults import Crashing
+
+    actor_class = local_ray.remote(num_cpus=1)(Crashing)
+    pool = ActorPool(local_ray, lambda number: actor_class.remote(number), 1)
+    done: dict = {}
+    try:
+        pool.run(list(range(5)), lambda actor, unit: actor.work.remote(unit), done.__setitem__)
+    finally:
+        pool.close()
+    assert sorted(done) == list(range(5)) and done[2] == (2, 1)  # unit 2 went to the replacement
+    assert pool.started == 2 and len(pool.actors) == 1

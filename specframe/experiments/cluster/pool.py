@@ -82,7 +82,6 @@ class ActorPool:
                 if not ready:
                     self._waited()
                     continue
-                self.watch.due()
                 kind, actor, unit = self.running.pop(ready[0])
                 try:
                     value = self.ray.get(ready[0])
@@ -95,6 +94,7 @@ class ActorPool:
                 except Exception as err:  # the unit's own error (a plugin raised): one line
                     raise ExperimentError(rayrun.task_message(err)) from err
                 self._finished(kind, actor, unit, value, on_result)
+                self.watch.due()  # results keep coming from the nodes left: a lost one still ends the job
         finally:
             rayrun.cancel(list(self.running), self.ray)
 
