@@ -61,7 +61,8 @@ class Actor:
 class FakeRay:
     def __init__(self, plan: dict | None = None, never_place: bool = False, node_dies_after: int | None = None,
                  initial: int = 2) -> None:
-        self.plan, self.never_place, self.node_dies_after, self.initial = plan or {}, never_place, node_dies_after, initial
+        self.plan, self.never_place, self.initial = plan or {}, never_place, initial
+        self.node_dies_after = node_dies_after
         self.clock = Clock()
         self.killed: list[Actor] = []
         self.running_on: dict = {}

@@ -27,7 +27,8 @@ def describe_device(device: Any, index: int | None = None) -> dict[str, Any]:
         local = device.index if device.index is not None else torch.cuda.current_device()
         out.update(name=torch.cuda.get_device_name(local), index=local if index is None else int(index))
     else:
-        out.update(name=cache_keys.cpu_name() or "cpu", index=0 if index is None else int(index), threads=torch.get_num_threads())
+        out.update(name=cache_keys.cpu_name() or "cpu", index=0 if index is None else int(index),
+                   threads=torch.get_num_threads())
     return out
 
 

@@ -145,7 +145,8 @@ class _ShardedRecording:
         count = min(rayrun.worker_count(self.workers, per_worker), max(len(todo), 1))
         actor_class = ray.remote(**needs)(RecordWorker)
         if console is not None:
-            kept = f" ({len(self.found)} of {len(self.questions)} questions kept from the last try)" if self.found else ""
+            kept = f" ({len(self.found)} of {len(self.questions)} questions kept from the last try)"
+            kept = kept if self.found else ""
             console.print(f"starting {count} Ray worker(s), each loading the target{kept} ...", markup=False)
         self.pool = pool = ActorPool(ray, lambda n: actor_class.remote(self.config, self.questions, n, self.curve),
                                      count, RESUME)
