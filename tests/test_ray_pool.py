@@ -123,3 +123,17 @@ def test_on_a_real_ray_a_replacement_starts_when_the_last_actor_dies_and_the_dea
         pool.close()
     assert sorted(done) == list(range(5)) and done[2] == (2, 1)  # unit 2 went to the replacement
     assert pool.started == 2 and len(pool.actors) == 1
+
+
+def test_a_worker_whose_constructor_raises_is_one_line_of_its_own_error_not_a_traceback():
+    from ray.exceptions import ActorDiedError
+
+    from specframe.experiments.cluster.rayrun import task_message
+
+    err = ActorDiedError()
+    err.error_msg = ("The actor died because of an error raised in its creation task, ray::RecordWorker.__init__() "
+                     "(pid=1378, ip=192.0.2.2)\n  File \"record.py\", line 267, in __init__\n    self.curve = "
+                     "curve_for(self.target)\n    ^^^^^^\nspecframe.sizing.profile.BusyMachineError: cost curve x "
+                     "not kept: the machine is busy")
+    err._actor_init_failed = True
+    assert task_message(err) == "cost curve x not kept: the machine is busy"  # as one_line writes our own errors

@@ -88,7 +88,9 @@ class ActorPool:
                 except ActorUnavailableError:  # it may still run its unit: fence it off first
                     self._fence(actor, unit, count=kind != FENCE)
                     continue
-                except RayActorError:  # dead: its unit (if any) goes to another actor
+                except RayActorError as err:  # dead: its unit (if any) goes to another actor
+                    if err.actor_init_failed:  # its constructor raised: every new one would too
+                        raise ExperimentError(f"a Ray worker, loading: {rayrun.task_message(err)}") from err
                     self._lost(actor, unit, count=kind != FENCE)
                     continue
                 except Exception as err:  # the unit's own error (a plugin raised): one line

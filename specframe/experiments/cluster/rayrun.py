@@ -93,6 +93,11 @@ def task_message(err: BaseException) -> str:
     cause = getattr(err, "cause", None)
     if type(err).__module__.startswith("ray") and isinstance(cause, BaseException):
         return one_line(cause)
+    if getattr(err, "actor_init_failed", False):  # its text is the constructor's traceback: its last line
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        name, colon, message = lines[-1].partition(": ") if lines else ("", "", "")
+        if colon:  # as one_line writes an exception: our own errors' message alone, others' with their type
+            return message if name.startswith("specframe.") else f"{name.rsplit('.', 1)[-1]}: {message}"
     return one_line(err)
 
 
