@@ -25,3 +25,21 @@ def install() -> None:
 
     broken._faulty = True
     ChainPolicy.grow = broken
+
+
+class Crashing:
+    """A trivial pool actor (no model): ``work(unit)`` returns ``(unit, number)``, except that
+    actor 0 ends its own process on unit 2, as a worker killed mid-unit."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def ready(self) -> int:
+        return self.number
+
+    def work(self, unit: int) -> tuple[int, int]:
+        import os
+
+        if self.number == 0 and unit == 2:
+            os._exit(1)
+        return unit, self.number

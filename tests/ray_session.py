@@ -29,3 +29,24 @@ def start() -> object:
 def local_ray():
     """The session's local Ray (restarted if another test shut it down)."""
     return start()
+
+
+@pytest.fixture
+def lose_node(monkeypatch):
+    """``lose_node(when)``: while ``when()`` is true, the cluster reports every node dead, as
+    the driver sees a node whose raylet died (its actors go on here: the driver must stop on
+    the report, not on their errors). The job checks the nodes at every result."""
+    from specframe.experiments.cluster import nodes
+
+    monkeypatch.setattr(nodes.NodeWatch, "due", nodes.NodeWatch.check)
+
+    def install(when) -> None:
+        real = nodes.node_table
+
+        def table(ray):
+            rows = real(ray)
+            return [dict(n, Alive=False, DeathReason=2) for n in rows] if when() else rows
+
+        monkeypatch.setattr(nodes, "node_table", table)
+
+    return install

@@ -13,7 +13,7 @@ pytest.importorskip("optuna")
 pytest.importorskip("ray")
 
 from ray_faults import FAULTY_GAMMA, MESSAGE  # noqa: E402
-from ray_session import local_ray  # noqa: E402,F401 - the session's Ray fixture
+from ray_session import local_ray, lose_node  # noqa: E402,F401 - the session's Ray fixtures
 from specframe.cli import cli  # noqa: E402
 from specframe.testing.fixtures import tiny_experiment_toml  # noqa: E402
 
@@ -79,3 +79,33 @@ def test_a_plugin_raising_in_a_sweep_task_is_one_line_naming_the_configuration(r
     failed = [line for line in result.output.splitlines() if f"gamma={FAULTY_GAMMA}" in line and MESSAGE in line]
     assert len(failed) == 1 and "ngram+chain" in failed[0], result.output
     assert "Traceback" not in result.output
+
+
+def test_a_lost_node_stops_a_sweep_in_one_line_and_the_rerun_replays_only_the_rest(recorded, local_ray, lose_node):
+    out = recorded / "lost-out"
+    sweep = recorded / "lost.toml"
+    sweep.write_text(textwrap.dedent(f"""\
+        base = "{recorded / 'exp.toml'}"
+        arms = ["ngram+chain"]
+        chunk = 1
+        [grid]
+        "policy.gamma" = [2, 3, 4, 5]
+        [output]
+        dir = "{out}"
+        """))
+    results = out / "results.jsonl"
+    lost = {"on": True}
+    lose_node(lambda: lost["on"] and results.exists() and results.read_text().strip() != "")
+    command = ["sweep", str(sweep), "--replay", str(recorded / "trace"), "--ray", "--workers", "1", "--no-progress"]
+    result = CliRunner().invoke(cli, command)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "was lost mid-job" in errors[0] and "replay only the rest" in errors[0], result.output
+    first = [json.loads(line)["name"] for line in results.read_text().splitlines()]
+    assert 1 <= len(first) < 4
+
+    lost["on"] = False
+    again = CliRunner().invoke(cli, command)
+    assert again.exit_code == 0, again.output
+    names = [json.loads(line)["name"] for line in results.read_text().splitlines()]
+    assert len(names) == len(set(names)) == 4 and names[:len(first)] == first  # each configuration once

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("ray")
 
-from ray_session import local_ray  # noqa: E402,F401 - the session's Ray fixture
+from ray_session import local_ray, lose_node  # noqa: E402,F401 - the session's Ray fixtures
 from specframe.cli import cli  # noqa: E402
 from tiny_demo import demo_config  # noqa: E402
 
@@ -55,6 +55,31 @@ def test_a_sharded_trace_is_the_one_process_trace_and_is_kept_when_recorded(tmp_
     other = demo_config(tmp_path, settings="stop_at_eos = false", name="other.toml")  # another experiment
     recorded = _record(other, tmp_path / "sharded")
     assert recorded.exit_code == 0 and "nothing recorded" not in recorded.output, recorded.output
+
+
+def test_a_lost_node_stops_the_recording_and_the_rerun_records_only_the_rest(tmp_path, local_ray, lose_node):
+    from specframe.replay.trace import Trace
+
+    config = demo_config(tmp_path)
+    out = tmp_path / "trace"
+    lost = {"on": True}
+    kept = lambda: sorted(tmp_path.glob(".trace.partial-*/questions/*.json"))  # noqa: E731
+    lose_node(lambda: lost["on"] and len(kept()) >= 1)
+    result = _record(config, out, "--ray", "--workers", "2")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "was lost mid-job: the cluster marked it dead" in errors[0], result.output
+    assert "record only the rest" in errors[0] and not (out / "trace.json").exists()
+    first = kept()
+    assert 1 <= len(first) < 3
+
+    lost["on"] = False
+    again = _record(config, out, "--ray", "--workers", "2")
+    assert again.exit_code == 0, again.output
+    assert f"({len(first)} of 3 questions kept from the last try)" in again.output
+    trace = Trace.load(out)  # hidden files checked against their entries
+    assert len(trace.prompts) == 3 and all(p.hidden_file for p in trace.prompts.values())
+    assert not list(tmp_path.glob(".trace.partial-*"))  # the kept questions went into the trace
 
 
 def test_workers_on_unlike_devices_are_refused_in_one_line():

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 pytest.importorskip("ray")
 
 from ray_faults import FAULTY_GAMMA, MESSAGE  # noqa: E402
-from ray_session import local_ray  # noqa: E402,F401 - the session's Ray fixture
+from ray_session import local_ray, lose_node  # noqa: E402,F401 - the session's Ray fixtures
 from specframe.cli import cli  # noqa: E402
 from tiny_demo import ARMS, demo_config  # noqa: E402
 
@@ -125,6 +125,32 @@ def test_a_worker_killed_mid_run_loses_only_its_question(runs, local_ray):
     assert len(experiment.pool.actors) == 1  # the driver saw the death and went on with the other worker
     answers = _answers(tmp / "killed")  # each (arm, question, repeat) exactly once
     assert set(answers) == set(_answers(tmp / "one"))
+
+
+def test_a_lost_node_stops_the_run_in_one_line_and_the_rerun_finishes_each_answer_once(runs, local_ray, lose_node):
+    tmp, config = runs
+    out = tmp / "lost"
+    lost = {"on": True}
+
+    def written() -> int:
+        return sum(len(f.read_text().splitlines()) for f in (out / "answers").glob("*.jsonl"))
+
+    lose_node(lambda: lost["on"] and written() >= 2)
+    result = _run(config, out, "--ray", "--workers", "2")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and re.search(r"Ray node \w{12} at \S+ was lost mid-job: the cluster marked it dead",
+                                          errors[0]), result.output
+    assert str(out) in errors[0] and "run the same command again" in errors[0], errors[0]
+    kept = _answers(out)
+    assert 2 <= len(kept) < 3 * len(ARMS)
+
+    lost["on"] = False
+    again = _run(config, out, "--ray", "--workers", "2")
+    assert again.exit_code == 0, again.output
+    answers = _answers(out)  # each (arm, question, repeat) exactly once
+    assert set(answers) == set(_answers(tmp / "one")) and all(answers[k] == kept[k] for k in kept)
+    assert f"{len(answers) - len(kept)} answers computed" in again.output
 
 
 def test_unlike_device_kinds_are_refused_unless_allowed_and_old_runs_report_as_before(runs, tmp_path):

@@ -359,7 +359,7 @@ class Experiment:
         """The device this process's answers run on (every record keeps it: the report pairs
         speedups per device); ``device_index`` is set by a Ray worker (its GPU, or its number)."""
         if getattr(self, "_device", None) is None:
-            from specframe.experiments.cluster.device import describe_device
+            from specframe.experiments.device import describe_device
 
             self._device = describe_device(target.device, getattr(self, "device_index", None))
         return self._device

@@ -4,7 +4,7 @@ An arm's answer pairs with the autoregressive answer of the same question and re
 same device** (:func:`pair_key`), so a sharded run's speedups compare times taken side by
 side. Answers without a device (runs written before devices were recorded) all count as one
 device, and pair exactly as they always did. A run whose answers ran on devices of different
-kinds (:func:`~specframe.experiments.cluster.device.device_kind`) is refused unless the
+kinds (:func:`~specframe.experiments.device.device_kind`) is refused unless the
 caller allows it (``--allow-mixed-devices``); the report then says its speedups pool unlike
 devices. tau, delta, tokens and mismatches do not depend on the device and pool as before.
 """
@@ -15,7 +15,7 @@ import json
 from typing import Any, Callable
 
 from specframe.errors import ExperimentError
-from specframe.experiments.cluster.device import device_id, device_kind
+from specframe.experiments.device import device_id, device_kind
 from specframe.experiments.runs import answer_key
 
 MIXED_FIX = "pass --allow-mixed-devices to report them anyway (the report then says its speedups pool unlike devices)"

@@ -41,7 +41,7 @@ def record_config(config_path: Path, out: Path, progress: bool, console: Any, ra
         else:
             from specframe.replay.sharded_record import record_sharded
 
-            trace = record_sharded(config, out, ray_address, workers, progress=progress, console=console)
+            trace = record_sharded(config, out, ray_address, workers, progress=progress, console=console, fresh=fresh)
     except ExperimentError as err:
         raise click.ClickException(one_line(err)) from err
     layers = f", hidden layers {trace.hidden_layers} ({trace.environment['hidden_dtype']})" if trace.hidden_layers else ""

@@ -273,7 +273,7 @@ class Recorder:
         """Every turn of ``question`` (a turn's prompt holds the answers before it); ``index``
         is its first turn's place among the trace's prompts, and ``save(index, layers)`` keeps
         a turn's hidden states, returning ``(file, sha1)``."""
-        from specframe.experiments.cluster.device import describe_device
+        from specframe.experiments.device import describe_device
 
         device = describe_device(self.target.device, self.device_index)
         out, answers, prompt = [], [], None
@@ -290,7 +290,7 @@ class Recorder:
     def ar_ratio(self, prompts: list[list[int]]) -> tuple[float, dict]:
         """The measured autoregressive step over the curve's (:func:`_ar_ratio`), and the device
         that measured it."""
-        from specframe.experiments.cluster.device import describe_device
+        from specframe.experiments.device import describe_device
 
         return _ar_ratio(self.target, prompts, self.curve), describe_device(self.target.device, self.device_index)
 

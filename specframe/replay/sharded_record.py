@@ -6,7 +6,8 @@ else ``threads`` CPUs; :mod:`specframe.experiments.cluster`). Each loads the tar
 whole questions (a later turn's prompt holds the earlier turns' answers), one at a time as it
 is free. The driver alone writes the trace, into a temporary directory renamed into place when
 complete, as the one-process ``record`` does; a worker that dies loses only its question,
-which another records.
+which another records. Each question is kept as it finishes (:mod:`.partial`), so a recording
+that stops (a lost Ray node ends it in one line) resumes where it stopped.
 
 What the trace holds is the one-process trace's, entry for entry: prompts, continuations,
 stops, hidden-state files (byte for byte on devices of one kind) and their names; the
@@ -29,14 +30,18 @@ import torch
 
 from specframe.errors import ExperimentError
 from specframe.experiments.cluster import rayrun
-from specframe.experiments.cluster.device import device_kind, worker_index
+from specframe.experiments.device import device_kind
 from specframe.experiments.cluster.driver import placement
 from specframe.experiments.cluster.pool import ActorPool
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import Question, load_questions
+from specframe.replay.partial import PartialRecording
 from specframe.replay.record import RecordedTurn, Recorder, assemble_trace, record_atomically
-from specframe.replay.trace import Trace, encode_hidden, write_hidden
+from specframe.replay.trace import Trace, encode_hidden
 from specframe.sizing.profile import CostCurve
+
+#: What a recording stopped by a lost Ray node keeps, and how it goes on.
+RESUME = "The questions recorded so far are kept: run the same command again to record only the rest."
 
 
 @dataclass
@@ -57,12 +62,12 @@ class RecordWorker:
 
     def __init__(self, config: ExperimentConfig, questions: list[Question], number: int,
                  curve: str | None = None) -> None:
-        from specframe.experiments.cluster.device import describe_device
+        from specframe.experiments.device import describe_device
 
         if config.threads:
             torch.set_num_threads(config.threads)
         self.questions = questions
-        self.recorder = Recorder(config, questions, worker_index(number))
+        self.recorder = Recorder(config, questions, rayrun.worker_index(number))
         if curve is not None:
             self.use_curve(curve)
         own = self.recorder.curve
@@ -107,50 +112,49 @@ def one_kind(devices: list[dict]) -> str | None:
 
 
 def record_sharded(config: ExperimentConfig, out: str | Path, address: str | None, workers: int | None = None,
-                   progress: bool = True, console: Any = None) -> Trace:
+                   progress: bool = True, console: Any = None, fresh: bool = False) -> Trace:
     """Record ``config``'s trace into ``out`` with ``workers`` Ray workers (``address``:
-    :data:`~specframe.experiments.cluster.rayrun.LOCAL` or a cluster's); see the module."""
-    return record_atomically(out, lambda work: _ShardedRecording(config, work, address, workers).record(
+    :data:`~specframe.experiments.cluster.rayrun.LOCAL` or a cluster's); see the module. The
+    questions recorded by an earlier try that stopped are kept (:mod:`.partial`) unless ``fresh``."""
+    partial = PartialRecording(Path(out), config)
+    partial.discard_others(fresh)
+    trace = record_atomically(out, lambda work: _ShardedRecording(config, work, address, workers, partial).record(
         progress, console))
+    partial.remove()
+    return trace
 
 
 class _ShardedRecording:
-    """One sharded recording into the temporary directory ``work``."""
+    """One sharded recording into the temporary directory ``work``, its questions kept in ``partial``."""
 
-    def __init__(self, config: ExperimentConfig, work: Path, address: str | None, workers: int | None) -> None:
-        self.config, self.work, self.address, self.workers = config, work, address, workers
+    def __init__(self, config: ExperimentConfig, work: Path, address: str | None, workers: int | None,
+                 partial: PartialRecording) -> None:
+        self.config, self.work, self.address, self.workers, self.partial = config, work, address, workers, partial
         self.questions = load_questions(config.data.path, config.data.category, config.data.limit)
-        self.curve: str | None = None
-        self.first_device: dict = {}
+        resumed = partial.meta()
+        self.curve: str | None = resumed["curve"] if resumed else None
+        self.first_device: dict = resumed["device"] if resumed else {}
+        self.found = partial.kept() if resumed else {}
 
     def record(self, progress: bool, console: Any) -> Trace:
-        """Start the workers, record every question, assemble and save the trace."""
-        from specframe.experiments.progress import ProgressBar
-
+        """Start the workers, record every question not kept yet, assemble and save the trace."""
         ray = rayrun.connect(self.address)
         needs = placement(self.config)
         per_worker = {"GPU": 1.0} if needs.get("num_gpus") else {"CPU": needs["num_cpus"]}
-        count = min(rayrun.worker_count(self.workers, per_worker), max(len(self.questions), 1))
+        todo = [at for at in range(len(self.questions)) if at not in self.found]
+        count = min(rayrun.worker_count(self.workers, per_worker), max(len(todo), 1))
         actor_class = ray.remote(**needs)(RecordWorker)
         if console is not None:
-            console.print(f"starting {count} Ray worker(s), each loading the target ...", markup=False)
+            kept = f" ({len(self.found)} of {len(self.questions)} questions kept from the last try)"
+            kept = kept if self.found else ""
+            console.print(f"starting {count} Ray worker(s), each loading the target{kept} ...", markup=False)
         self.pool = pool = ActorPool(ray, lambda n: actor_class.remote(self.config, self.questions, n, self.curve),
-                                     count)
+                                     count, RESUME)
         try:
             infos = pool.infos("a worker, loading the target")
-            one_kind([i.device for i in infos])
-            self.first_device, self.curve = infos[0].device, infos[0].curve
-            if self.curve is not None:  # every worker measures against the trace's one curve
-                for ref in [a.use_curve.remote(self.curve) for a in pool.actors]:
-                    rayrun.fetch(ref, "a worker, taking the trace's curve")
-            firsts = [sum(len(q.turns) for q in self.questions[:i]) for i in range(len(self.questions))]
-            found: dict[int, list[RecordedTurn]] = {}
-            with ProgressBar(sum(len(q.turns) for q in self.questions), 0, enabled=progress,
-                             console=console) as advance:
-                pool.run(list(range(len(self.questions))),
-                         lambda actor, at: actor.record.remote(at, firsts[at]),
-                         lambda at, turns: self._keep(at, turns, found, advance))
-            turns = [t for at in range(len(self.questions)) for t in found[at]]
+            self._begin(infos)
+            self._record(todo, progress, console)
+            turns = [t for at in range(len(self.questions)) for t in self.found[at]]
             measured: list = []
             pool.run([[t.entry.prompt for t in turns[:3]]], lambda actor, prompts: actor.ar_ratio.remote(prompts),
                      lambda _, value: measured.append(value))
@@ -158,18 +162,42 @@ class _ShardedRecording:
             pool.close()
         environment = dict(infos[0].environment, devices=_distinct([t.entry.device for t in turns]))
         trace = assemble_trace(self.config, environment, infos[0].layers, turns, *measured[0])
+        self.partial.hand_over(self.work)
         trace.save(self.work, None if self.curve is None else CostCurve.from_json(self.curve))
         return trace
 
-    def _keep(self, at: int, recorded: list[tuple[RecordedTurn, bytes | None]], found: dict, advance: Any) -> None:
+    def _begin(self, infos: list) -> None:
+        """The workers' kinds checked (against the recording resumed, too); a new recording
+        takes the first worker's curve, and every worker measures against the trace's one curve."""
+        one_kind([i.device for i in infos] + ([self.first_device] if self.first_device else []))
+        if not self.first_device:
+            self.first_device, self.curve = infos[0].device, infos[0].curve
+            self.partial.begin(self.curve, self.first_device)
+        elif self.curve is not None:
+            return  # a resumed recording's workers were started with its curve
+        if self.curve is not None:
+            for ref in [a.use_curve.remote(self.curve) for a in self.pool.actors]:
+                rayrun.fetch(ref, "a worker, taking the trace's curve", self.pool.watch)
+
+    def _record(self, todo: list[int], progress: bool, console: Any) -> None:
+        from specframe.experiments.progress import ProgressBar
+
+        firsts = [sum(len(q.turns) for q in self.questions[:i]) for i in range(len(self.questions))]
+        total = sum(len(q.turns) for q in self.questions)
+        done = sum(len(turns) for turns in self.found.values())
+        with ProgressBar(total, done, enabled=progress, console=console) as advance:
+            self.pool.run(todo, lambda actor, at: actor.record.remote(at, firsts[at]),
+                          lambda at, turns: self._keep(at, turns, advance))
+
+    def _keep(self, at: int, recorded: list[tuple[RecordedTurn, bytes | None]], advance: Any) -> None:
         """A question's turns: their device's kind checked (a replacement worker may sit on
-        another device), their hidden files written, the turns kept for the trace."""
-        for turn, data in recorded:
+        another device), then kept (hidden files and turns) before they count."""
+        for turn, _ in recorded:
             one_kind([self.first_device, turn.entry.device])
-            if data is not None:
-                write_hidden(self.work, turn.entry.hidden_file, data)
+        self.partial.keep(at, recorded)
+        self.found[at] = [t for t, _ in recorded]
+        for _ in recorded:
             advance(str(self.questions[at].question_id))
-        found[at] = [t for t, _ in recorded]
 
 
 def _distinct(devices: list[dict | None]) -> list[dict]:

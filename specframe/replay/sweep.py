@@ -48,6 +48,9 @@ from specframe.experiments.cluster.rayrun import RAY_MISSING  # noqa: F401 - the
 from specframe.experiments.runlock import RunLock
 from specframe.experiments.runs.jsonl import append_line, open_for_append, read_lines
 
+#: What a sweep stopped by a lost Ray node keeps, and how it goes on.
+RESUME = "The configurations finished so far are kept: run the same command again to replay only the rest."
+
 RESULTS = "results.jsonl"
 #: What the rows of a sweep directory are tied to (:func:`sweep_fingerprint`).
 SWEEP_FILE = "sweep.json"
@@ -433,7 +436,7 @@ def _ray_results(jobs: list[Job], address: str, fail_fast: bool = False,
     ray = rayrun.connect(address)
     task = ray.remote(num_cpus=1)(work or run_chunk)
     count = rayrun.worker_count(workers)
-    for job, rows, error in rayrun.bounded(lambda job: task.remote(*job), jobs, count):
+    for job, rows, error in rayrun.bounded(lambda job: task.remote(*job), jobs, count, resume=RESUME):
         if error is not None:
             rows = _chunk_failed(job, error)
         yield rows

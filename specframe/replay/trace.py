@@ -48,7 +48,7 @@ class PromptTrace:
         hidden_file: safetensors file of its hidden states (relative), or None.
         hidden_sha1: that file's content hash (checked when it is read).
         device: the device that recorded it, and so timed ``prefill_seconds`` and the steps
-            the trace's overhead is fitted from (``specframe.experiments.cluster.device``);
+            the trace's overhead is fitted from (``specframe.experiments.device``);
             None in traces recorded before devices were kept.
     """
 

@@ -274,7 +274,9 @@ def parallel(config: ExperimentConfig, arm: ArmConfig, trace_dir: str | Path, cu
         ray = rayrun.connect(settings.ray)
         task = ray.remote(num_cpus=1)(work)
         refs = {task.remote(*args, i): i for i in range(count)}
-        for _, _, error in rayrun.as_completed(refs, timeout=1.0, on_wait=lambda: on_progress(finished(study))):
+        resume = f"The trials finished so far are kept in {out_dir / JOURNAL}: run the same command again to go on."
+        for _, _, error in rayrun.as_completed(refs, timeout=1.0, on_wait=lambda: on_progress(finished(study)),
+                                               resume=resume):
             on_progress(finished(study))
             if error is not None:  # every result is fetched: a task's error is the tune's, naming the arm
                 raise rayrun.TaskFailed(f"arm {arm.name!r}, tune worker", error)

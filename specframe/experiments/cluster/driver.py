@@ -13,7 +13,9 @@ they are (atomic appends, resume, never stale). What changes is who computes:
   a repeat's questions with ``batch_refill``);
 - each unit's answers come back and are appended at once; an actor that dies loses only its
   unit, which goes to another actor (a new one starts when none is left), and an answer already
-  written is never written again.
+  written is never written again;
+- a node lost mid-run (:mod:`.nodes`) stops it within seconds of the cluster marking it dead,
+  in one line naming the node; the answers written are kept, and the same command resumes.
 
 A drafter that keeps state across requests answers each question from what the questions
 before it left, in data-file order: such an arm is refused (run it without ``--ray``).
@@ -80,7 +82,9 @@ class ShardedExperiment(Experiment):
         actor_class = ray.remote(**needs)(ShardWorker)
         start = lambda number: actor_class.remote(self.config, arms, questions, sorted(self._explored), number)  # noqa: E731
         self._say(f"starting {count} Ray worker(s), each loading the target and {len(arms)} arm(s) ...")
-        self.pool = pool = ActorPool(ray, start, count)
+        resume = (f"Every answer written so far is kept in {self.out_dir}: run the same command again to compute "
+                  "only the missing ones")
+        self.pool = pool = ActorPool(ray, start, count, resume + ".")
         try:
             info = pool.infos("a worker, loading the target and the arms")[0]
             todo = self._after_loading(info, todo, questions)

@@ -8,6 +8,9 @@
 - **Errors.** Every result is fetched with ``ray.get``; a task's own exception reaches the user
   as one line naming what the task ran (an arm, a configuration), never a Ray traceback, and
   never silently lost.
+- **Lost nodes.** No wait is for ever: every ``ray.wait`` has a timeout, and a node the job
+  stood on that the cluster marks dead stops it within seconds, in one line naming the node
+  and saying how to resume (:mod:`.nodes`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import contextlib
 from typing import Any, Callable, Iterable, Iterator
 
 from specframe.errors import ExperimentError, one_line
+from specframe.experiments.cluster import nodes
 
 #: What ``--ray`` with no address means (click's ``flag_value``).
 LOCAL = "local"
 RAY_MISSING = "--ray needs Ray: pip install 'specframe[ray]'"
+#: What a job's line says when a lost node stops it, unless the command says it better.
+RESUME = "What the job wrote so far is kept: run the same command again to do only the rest."
 
 
 class TaskFailed(ExperimentError):
@@ -66,34 +72,61 @@ def worker_count(workers: int | None, per_worker: dict[str, float] | None = None
     return max(1, min(fits) if fits else 1)
 
 
+def worker_index(number: int) -> int:
+    """The device index a Ray worker records: its physical GPU under Ray, else its number."""
+    import torch
+
+    if torch.cuda.is_available():
+        try:
+            ray = ray_module()
+            ids = ray.get_gpu_ids()
+            if ids:
+                return int(ids[0])
+        except Exception:  # not in a Ray worker: the number stands
+            pass
+    return int(number)
+
+
 def task_message(err: BaseException) -> str:
     """One line for a failed task: its own exception when Ray kept it (a RayTaskError's text
     is a whole traceback), else Ray's own error (a worker that died, an actor lost)."""
     cause = getattr(err, "cause", None)
     if type(err).__module__.startswith("ray") and isinstance(cause, BaseException):
         return one_line(cause)
+    if getattr(err, "actor_init_failed", False):  # its text is the constructor's traceback: its last line
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        name, colon, message = lines[-1].partition(": ") if lines else ("", "", "")
+        if colon:  # as one_line writes an exception: our own errors' message alone, others' with their type
+            return message if name.startswith("specframe.") else f"{name.rsplit('.', 1)[-1]}: {message}"
     return one_line(err)
 
 
-def fetch(ref: Any, what: str) -> Any:
-    """``ray.get(ref)``; a failure raises :class:`TaskFailed` naming ``what``."""
+def fetch(ref: Any, what: str, watch: Any = None) -> Any:
+    """``ray.get(ref)``; a failure raises :class:`TaskFailed` naming ``what``. With ``watch``
+    (a :class:`~.nodes.NodeWatch`) the wait checks the nodes, so a lost node ends it."""
     ray = ray_module()
+    if watch is not None:
+        while not ray.wait([ref], num_returns=1, timeout=nodes.CHECK_S)[0]:
+            watch.check()
     try:
         return ray.get(ref)
     except Exception as err:
         raise TaskFailed(what, task_message(err)) from err
 
 
-def as_completed(refs: dict[Any, Any], timeout: float | None = None,
-                 on_wait: Callable[[], None] | None = None) -> Iterator[tuple[Any, Any, str | None]]:
+def as_completed(refs: dict[Any, Any], timeout: float | None = None, on_wait: Callable[[], None] | None = None,
+                 resume: str = RESUME) -> Iterator[tuple[Any, Any, str | None]]:
     """``(ref, value, None)`` or ``(ref, None, one-line error)`` for each of ``refs`` as it
     finishes (every value fetched with ``ray.get``); ``on_wait`` runs every ``timeout`` seconds
-    while none has. Unfinished refs are cancelled when the caller stops early."""
+    while none has. A node lost meanwhile raises :class:`~.nodes.NodeLost` ending in
+    ``resume``. Unfinished refs are cancelled when the caller stops early."""
     ray = ray_module()
     pending = list(refs)
+    watch = nodes.NodeWatch(ray, resume)
     try:
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=_tick(timeout))
+            watch.due()
             if not ready:
                 if on_wait is not None:
                     on_wait()
@@ -106,19 +139,22 @@ def as_completed(refs: dict[Any, Any], timeout: float | None = None,
         cancel(pending)
 
 
-def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
-            timeout: float | None = None, on_wait: Callable[[], None] | None = None) -> Iterator[tuple[Any, Any, str | None]]:
+def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int, timeout: float | None = None,
+            on_wait: Callable[[], None] | None = None, resume: str = RESUME) -> Iterator[tuple[Any, Any, str | None]]:
     """Each job's ``(job, value, error)`` as it finishes, with at most ``workers`` submitted
-    (``submit(job)`` returns an object ref) at a time: the ``--workers`` rule for tasks."""
+    (``submit(job)`` returns an object ref) at a time: the ``--workers`` rule for tasks. A node
+    lost meanwhile raises :class:`~.nodes.NodeLost` ending in ``resume``."""
     queue = list(jobs)
     running: dict[Any, Any] = {}
     ray = ray_module()
+    watch = nodes.NodeWatch(ray, resume)
     try:
         while queue or running:
             while queue and len(running) < workers:
                 job = queue.pop(0)
                 running[submit(job)] = job
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=timeout)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=_tick(timeout))
+            watch.due()
             if not ready:
                 if on_wait is not None:
                     on_wait()
@@ -132,9 +168,14 @@ def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         cancel(list(running))
 
 
-def cancel(refs: Iterable[Any]) -> None:
+def _tick(timeout: float | None) -> float:
+    """How long one ``ray.wait`` may wait: ``timeout``, never longer than the node check's period."""
+    return nodes.CHECK_S if timeout is None else min(timeout, nodes.CHECK_S)
+
+
+def cancel(refs: Iterable[Any], ray: Any = None) -> None:
     """Cancel what has not finished (early exit, KeyboardInterrupt); errors are ignored."""
-    ray = ray_module()
+    ray = ray or ray_module()
     for ref in refs:
         with contextlib.suppress(Exception):
             ray.cancel(ref)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specframe.experiments.cluster.device import worker_index
+from specframe.experiments.cluster import rayrun
 from specframe.experiments.config import ExperimentConfig
 from specframe.experiments.data import Question
 from specframe.experiments.batching import answer_in_batches
@@ -54,7 +54,7 @@ class ShardWorker:
             torch.set_num_threads(config.threads)
         self.experiment = Experiment(config, tempfile.mkdtemp(prefix="specframe-worker-"), progress=False)
         self.experiment._explored = set(explored)  # the explorer's questions keep every step's tree
-        self.experiment.device_index = worker_index(number)
+        self.experiment.device_index = rayrun.worker_index(number)
         self.arms = [a for a in config.arms if a.name in arm_names]
         self.questions = list(questions)
         with no_loading_bars():

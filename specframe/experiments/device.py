@@ -10,23 +10,10 @@ agree (:func:`device_id`); devices are alike when kind, name and threads agree
 
 from __future__ import annotations
 
-import functools
-import platform
 import socket
 from typing import Any
 
-
-@functools.lru_cache(maxsize=1)
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+from specframe.models import cache_keys
 
 
 def describe_device(device: Any, index: int | None = None) -> dict[str, Any]:
@@ -40,7 +27,8 @@ def describe_device(device: Any, index: int | None = None) -> dict[str, Any]:
         local = device.index if device.index is not None else torch.cuda.current_device()
         out.update(name=torch.cuda.get_device_name(local), index=local if index is None else int(index))
     else:
-        out.update(name=cpu_name(), index=0 if index is None else int(index), threads=torch.get_num_threads())
+        out.update(name=cache_keys.cpu_name() or "cpu", index=0 if index is None else int(index),
+                   threads=torch.get_num_threads())
     return out
 
 
@@ -58,18 +46,3 @@ def device_kind(description: dict | None) -> str | None:
     kind = f"{description.get('kind')} {description.get('name')!s}"
     return kind + (f", {description['threads']} thread(s)" if description.get("threads") is not None else "")
 
-
-def worker_index(number: int) -> int:
-    """The device index a Ray worker records: its physical GPU under Ray, else its number."""
-    import torch
-
-    if torch.cuda.is_available():
-        try:
-            import ray
-
-            ids = ray.get_gpu_ids()
-            if ids:
-                return int(ids[0])
-        except Exception:  # not in a Ray worker: the number stands
-            pass
-    return int(number)
