@@ -107,3 +107,20 @@ def test_a_kernel_choice_timed_on_a_quiet_machine_is_cached_without_a_warning(ca
     assert not lines
     assert len(list(cache.glob("linear-kernel_*.json"))) == 1
 
+
+def test_an_arm_that_fails_on_a_busy_machine_is_not_told_to_fix_its_options(monkeypatch):
+    """An error that knows its own fix (a measurement refused on a busy machine) is reported
+    with that fix; the arm's drafter / policy / verifier options are not at fault."""
+    from specframe.experiments import runners
+    from specframe.experiments.config.schema import ArmConfig, PluginRef
+
+    busy = profile.BusyMachineError("cost curve k not kept: the machine is busy (spread 40%)")
+
+    def fail(*args):
+        raise busy
+    monkeypatch.setattr(runners, "_build_runner", fail)
+    arm = ArmConfig("ngram+chain-auto", drafter=PluginRef("ngram", {}), policy=PluginRef("chain", {"gamma": "auto"}))
+    with pytest.raises(runners.ContextError) as err:
+        runners.build_runner(arm, None, None, None)
+    assert "options" not in err.value.fix and "specframe profile" in err.value.fix
+    assert "options" not in runners.fault_advice(busy, "fix this arm's drafter / policy options")

@@ -88,13 +88,25 @@ def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: Experimen
         raise ContextError(what, arm_where(arm), fix, err) from err
 
 
+#: The advice for an arm that failed to build for no reason of its own saying.
+OPTIONS_FIX = "fix this arm's drafter / policy / verifier options in the experiment file, or remove the arm"
+
+
 def _load_fault(err: BaseException, arm: ArmConfig) -> tuple[str, str]:
     """``(what, how to fix)`` of an arm that failed to build; weight files are named."""
     if "safetensor" in type(err).__name__.lower():
         files = [str(f) for d in _option_dirs(arm) for f in sorted(d.glob("*.safetensors"))]
         return (f"cannot read the weights {', '.join(files) or '(*.safetensors)'}: {one_line(err)}",
                 "the file is empty, truncated or not safetensors: copy or export the checkpoint again")
-    return one_line(err), "fix this arm's drafter / policy / verifier options in the experiment file, or remove the arm"
+    fix = fault_advice(err, OPTIONS_FIX)
+    return (one_line(err) if fix == OPTIONS_FIX else str(getattr(err, "what", one_line(err)))), fix
+
+
+def fault_advice(err: BaseException, default: str) -> str:
+    """How to fix ``err``: its own ``fix`` when it names one (a measurement refused on a busy
+    machine is no fault of the arm's options), else ``default``."""
+    fix = getattr(err, "fix", None)
+    return fix if isinstance(fix, str) and fix else default
 
 
 def _option_dirs(arm: ArmConfig) -> list[Path]:
