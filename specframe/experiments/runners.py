@@ -98,15 +98,17 @@ def _load_fault(err: BaseException, arm: ArmConfig) -> tuple[str, str]:
         files = [str(f) for d in _option_dirs(arm) for f in sorted(d.glob("*.safetensors"))]
         return (f"cannot read the weights {', '.join(files) or '(*.safetensors)'}: {one_line(err)}",
                 "the file is empty, truncated or not safetensors: copy or export the checkpoint again")
-    fix = fault_advice(err, OPTIONS_FIX)
-    return (one_line(err) if fix == OPTIONS_FIX else str(getattr(err, "what", one_line(err)))), fix
+    return fault(err, OPTIONS_FIX)
 
 
-def fault_advice(err: BaseException, default: str) -> str:
-    """How to fix ``err``: its own ``fix`` when it names one (a measurement refused on a busy
-    machine is no fault of the arm's options), else ``default``."""
+def fault(err: BaseException, default_fix: str) -> tuple[str, str]:
+    """``(what, how to fix)`` of ``err``: its own ``what`` and ``fix`` when it names a fix (a
+    measurement refused on a busy machine is no fault of an arm's options), else its one-line
+    message and ``default_fix``."""
     fix = getattr(err, "fix", None)
-    return fix if isinstance(fix, str) and fix else default
+    if isinstance(fix, str) and fix:
+        return str(getattr(err, "what", None) or one_line(err)), fix
+    return one_line(err), default_fix
 
 
 def _option_dirs(arm: ArmConfig) -> list[Path]:
