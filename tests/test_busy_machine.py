@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from specframe.models import cache_keys, packed_linear
+from specframe.models import cache_keys, packed_linear, timing
 from specframe.models.target import TargetModel
 from specframe.sizing import profile
 from specframe.testing.models import tiny_model
@@ -73,6 +73,19 @@ def test_a_curve_timed_on_a_quiet_machine_is_cached_without_a_warning(cache, mon
     curve, lines = _curve(False, monkeypatch)
     assert curve.noise() <= 0.15 and not lines
     assert [p.stem for p in cache.glob("*.json")] == [curve.key]
+
+
+def test_tries_are_bounded_in_number_and_in_time(monkeypatch, capsys):
+    monkeypatch.setenv(timing.SPREAD_ENV, "0.15")
+    spreads = iter([0.5, 0.3, 0.4, 0.05])
+    got = timing.until_quiet(lambda: next(spreads), lambda s: s, "a timing", tries=3)
+    assert (got.value, got.quiet, got.tries) == (0.3, False, 3)  # the least noisy of three, 0.05 never measured
+    assert capsys.readouterr().err.count("a timing: repetitions spread by") == 2  # one line per new try
+    spreads = iter([0.5, 0.05])
+    got = timing.until_quiet(lambda: next(spreads), lambda s: s, "a timing", tries=3)
+    assert (got.value, got.quiet, got.tries) == (0.05, True, 2)
+    got = timing.until_quiet(lambda: 0.5, lambda s: s, "a timing", tries=3, budget=0.0)
+    assert (got.quiet, got.tries) == (False, 1)  # out of time: no second try
 
 
 def _kernels() -> tuple[str, ...]:

@@ -210,15 +210,14 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: 
     cached = load_kernel_choice(key)
     if cached in kernels and not refresh:
         return cached
-    runs, quiet = timing.until_quiet(lambda: kernel_runs(model, kernels, rows, reps), kernel_spread,
-                                     "linear-kernel choice")
-    seconds = {k: statistics.median(t) for k, t in runs.items()}
+    got = timing.until_quiet(lambda: kernel_runs(model, kernels, rows, reps), kernel_spread, "kernel choice")
+    seconds = {k: statistics.median(t) for k, t in got.value.items()}
     choice = choose_kernel(seconds, cached if cached in kernels else kernels[0])
-    if quiet:
-        save_kernel_choice(key, choice, seconds, rows, kernel_spread(runs))
+    if got.quiet:
+        save_kernel_choice(key, choice, seconds, rows, kernel_spread(got.value))
     else:
         remember_kernel_choice(key, choice)
-        warnings.warn(timing.busy_line(f"the linear-kernel choice {key}", kernel_spread(runs), timing.TRIES,
+        warnings.warn(timing.busy_line(f"the kernel choice {key}", kernel_spread(got.value), got.tries,
                                        f"the {choice} kernel", profile_command(model, "auto")),
                       timing.BusyMachineWarning, stacklevel=2)
     return choice

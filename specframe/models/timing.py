@@ -14,8 +14,8 @@ work again until it has taken at least :data:`MIN_SAMPLE_SECONDS` (the floor in 
 and reports the mean, and the spread is the interquartile range over the median, which a stray
 slow repetition does not move.
 
-A timing that spreads too wide is taken again, up to :data:`TRIES` times, with a progress line
-(:func:`until_quiet`). If the machine stays busy, the caller uses the least noisy one for this run
+A timing that spreads too wide is taken again, up to :data:`TRIES` times in all and for at most
+:data:`TRY_SECONDS`, with a progress line (:func:`until_quiet`). If the machine stays busy, the caller uses the least noisy one for this run
 only, caches nothing and says so in one :class:`BusyMachineWarning` line; only ``specframe
 profile``, whose whole job is to cache a curve, refuses with :class:`BusyMachineError`.
 """
@@ -25,7 +25,9 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from typing import Callable, TypeVar
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
 
 #: Widest spread of repetitions a timing may have to be cached: the interquartile range over
 #: the median (of a curve: the median of that over its points; of a kernel choice: the widest
@@ -44,8 +46,11 @@ MAX_RUNS_PER_SAMPLE = 1000
 #: Repetitions of a timing: a few more than a median needs, so that the quartiles of the spread
 #: rule are not the second-lowest and second-highest of five.
 REPS = 9
-#: Timings taken in all before a busy machine's best one is used for the run only.
+#: Timings taken in all before a busy machine's best one is used for the run only ...
 TRIES = 3
+#: ... and seconds of trying after which no new try begins (a quick SmolLM2-135M curve takes
+#: about 10 s on a quiet 2-core CPU; a busy one took 80 s a try).
+TRY_SECONDS = 60.0
 
 T = TypeVar("T")
 
@@ -99,23 +104,36 @@ def percent(spread: float) -> str:
     return f"{100 * spread:.0f}%"
 
 
+@dataclass(frozen=True)
+class Measured(Generic[T]):
+    """What :func:`until_quiet` returns: the timing handed on, whether it is quiet enough to
+    cache, and how many tries it took."""
+
+    value: T
+    quiet: bool
+    tries: int
+
+
 def until_quiet(measure: Callable[[], T], noise: Callable[[T], float], what: str,
-                tries: int = TRIES) -> tuple[T, bool]:
+                tries: int = TRIES, budget: float = TRY_SECONDS) -> Measured[T]:
     """``measure()`` again while ``noise`` of its result is wider than :func:`max_spread`, up to
-    ``tries`` times in all, with one progress line (stderr) before each new try. Returns the
-    first quiet result and True, else the least noisy result and False (nothing raised)."""
-    best = None
+    ``tries`` times in all, none begun after ``budget`` seconds of trying (a machine that stays
+    busy that long will not turn quiet for one more try), with one progress line (stderr)
+    before each new try. Returns the first quiet result, else the least noisy one (nothing is
+    raised)."""
+    best, start = None, time.monotonic()  # not perf_counter: the tests fake that one
     for attempt in range(1, tries + 1):
         result = measure()
         if best is None or noise(result) < noise(best):
             best = result
         if noise(result) <= max_spread():
-            return result, True
-        if attempt < tries:
-            print(f"specframe: {what}: repetitions spread by {percent(noise(result))} (at most "
-                  f"{percent(max_spread())} is trusted; is another job running?): measuring again "
-                  f"({attempt + 1} of {tries})", file=sys.stderr, flush=True)
-    return best, False
+            return Measured(result, True, attempt)
+        if attempt == tries or time.monotonic() - start > budget:
+            return Measured(best, False, attempt)
+        print(f"specframe: {what}: repetitions spread by {percent(noise(result))} (at most "
+              f"{percent(max_spread())} is trusted; is another job running?): measuring again "
+              f"({attempt + 1} of {tries})", file=sys.stderr, flush=True)
+    raise ValueError(f"tries must be at least 1, got {tries}")
 
 
 def busy_line(what: str, spread: float, tries: int, uses: str, command: str) -> str:

@@ -396,10 +396,10 @@ def where_and_when(device: torch.device, reps: int) -> dict:
 
 def measure_until_quiet(target: Any, sizes: tuple[int, ...] = QUICK_SIZES,
                         cache_lens: tuple[int, ...] = QUICK_CACHE_LENS, reps: int = QUICK_REPS,
-                        tries: int = timing.TRIES) -> tuple[CostCurve, bool]:
+                        tries: int = timing.TRIES) -> timing.Measured[CostCurve]:
     """:func:`measure`, again while its spread is wider than :func:`max_spread`, up to ``tries``
     times in all (:func:`~specframe.models.timing.until_quiet`, a progress line before each new
-    try). Returns the first quiet curve and True, else the least noisy one and False."""
+    try): the first quiet curve, else the least noisy one."""
     return timing.until_quiet(lambda: measure(target, sizes, cache_lens, reps), CostCurve.noise,
                               f"cost curve {curve_key(target.model, target.device, target.dtype)}", tries)
 
@@ -408,19 +408,19 @@ def measure_trusted(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_len
                     reps: int = QUICK_REPS, tries: int = timing.TRIES) -> CostCurve:
     """:func:`measure_until_quiet`'s quiet curve, or :class:`BusyMachineError` in one line
     (nothing is cached): what ``specframe profile``, whose job is to cache a curve, runs."""
-    curve, quiet = measure_until_quiet(target, sizes, cache_lens, reps, tries)
-    if not quiet:
-        raise BusyMachineError(f"cost curve {curve.key} not kept: the machine is busy (its repetitions spread by "
-                               f"{timing.percent(curve.noise())} in {tries} tries, at most "
+    got = measure_until_quiet(target, sizes, cache_lens, reps, tries)
+    if not got.quiet:
+        raise BusyMachineError(f"cost curve {got.value.key} not kept: the machine is busy (its repetitions spread by "
+                               f"{timing.percent(got.value.noise())} in {got.tries} tries, at most "
                                f"{timing.percent(max_spread())} is trusted)", profile_hint(target.model))
-    return curve
+    return got.value
 
 
-def for_this_run(curve: CostCurve, target: Any) -> CostCurve:
+def for_this_run(got: timing.Measured[CostCurve], target: Any) -> CostCurve:
     """Hand out a curve timed on a busy machine for this process only (uncached), with one
     warning line: its spread and the ``specframe profile`` command that measures it later."""
-    _MEMO[cache_dir(), curve.key] = curve
-    warnings.warn(timing.busy_line(f"cost curve {curve.key}", curve.noise(), timing.TRIES,
+    curve = _MEMO[cache_dir(), got.value.key] = got.value
+    warnings.warn(timing.busy_line(f"cost curve {curve.key}", curve.noise(), got.tries,
                                    "its least noisy measurement", profile_hint(target.model)),
                   timing.BusyMachineWarning, stacklevel=3)
     return curve
@@ -471,8 +471,8 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
         if padded:  # a curve cached before the staircase was kept (its key already names the kernel)
             curve = _MEMO[cache_dir(), key] = replace(curve, padded_to=padded)
     if curve is None and measure_if_missing:
-        curve, quiet = measure_until_quiet(target)
-        curve = keep_measured(curve) if quiet else for_this_run(curve, target)
+        got = measure_until_quiet(target)
+        curve = keep_measured(got.value) if got.quiet else for_this_run(got, target)
     if curve is not None and curve.key not in _SHOWN:
         _SHOWN.add(curve.key)
         _LOG.info("cost curve %s: %s", curve.key, curve.provenance())
