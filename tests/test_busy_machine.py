@@ -3,7 +3,8 @@ spread is measured again a bounded number of times, then used for this run only 
 with one warning line naming ``specframe profile``; a quiet one is cached.
 
 The clock is faked: ``time.perf_counter`` advances by a fixed step on a quiet machine and by
-one to five times that on a busy one, whatever the forwards really cost, so the tests do not depend on the load of the machine that runs them.
+one to five times that on a busy one, whatever the forwards really cost, so the tests do not
+depend on the load of the machine that runs them.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ and reports the mean, and the spread is the interquartile range over the median,
 slow repetition does not move.
 
 A timing that spreads too wide is taken again, up to :data:`TRIES` times in all and for at most
-:data:`TRY_SECONDS`, with a progress line (:func:`until_quiet`). If the machine stays busy, the caller uses the least noisy one for this run
-only, caches nothing and says so in one :class:`BusyMachineWarning` line; only ``specframe
-profile``, whose whole job is to cache a curve, refuses with :class:`BusyMachineError`.
+:data:`TRY_SECONDS`, with a progress line (:func:`until_quiet`). If the machine stays busy, the
+caller uses the least noisy one for this run only, caches nothing and says so in one
+:class:`BusyMachineWarning` line; only ``specframe profile``, whose whole job is to cache a
+curve, refuses with :class:`BusyMachineError`.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ MAX_SPREAD = 0.15
 #: suite, whose tiny models' sub-millisecond forwards say nothing about the machine).
 SPREAD_ENV = "SPECFRAME_CURVE_MAX_SPREAD"
 #: Shortest repetition, in seconds: work shorter than this is run again within the repetition and
-#: averaged, so a scheduler tick or a timer's granularity is a small part of it. 20 ms is a few
-#: scheduler time slices and under one SmolLM2-135M forward on a 2-core CPU (those run once).
+#: averaged, so a scheduler tick or a timer's granularity is a small part of it. 20 ms is several
+#: scheduler time slices and less than one SmolLM2-135M forward on a 2-core CPU (about 30 ms:
+#: those run once per repetition, as before).
 MIN_SAMPLE_SECONDS = 0.02
 #: Most runs of the work in one repetition (a bound, should a clock stand still).
 MAX_RUNS_PER_SAMPLE = 1000
@@ -48,8 +50,9 @@ MAX_RUNS_PER_SAMPLE = 1000
 REPS = 9
 #: Timings taken in all before a busy machine's best one is used for the run only ...
 TRIES = 3
-#: ... and seconds of trying after which no new try begins (a quick SmolLM2-135M curve takes
-#: about 10 s on a quiet 2-core CPU; a busy one took 80 s a try).
+#: ... and seconds of trying after which no new try begins: a machine busy that long is not
+#: likely to turn quiet for one more try (a demo on a busy 2-core machine once ran 2 min 48 s
+#: before its second try refused the curve).
 TRY_SECONDS = 60.0
 
 T = TypeVar("T")
