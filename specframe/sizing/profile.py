@@ -396,19 +396,20 @@ def where_and_when(device: torch.device, reps: int) -> dict:
 
 def measure_until_quiet(target: Any, sizes: tuple[int, ...] = QUICK_SIZES,
                         cache_lens: tuple[int, ...] = QUICK_CACHE_LENS, reps: int = QUICK_REPS,
-                        tries: int = timing.TRIES) -> timing.Measured[CostCurve]:
+                        tries: int = timing.TRIES, budget: float = timing.TRY_SECONDS) -> timing.Measured[CostCurve]:
     """:func:`measure`, again while its spread is wider than :func:`max_spread`, up to ``tries``
-    times in all (:func:`~specframe.models.timing.until_quiet`, a progress line before each new
-    try): the first quiet curve, else the least noisy one."""
+    times in all, none begun after ``budget`` seconds (:func:`~specframe.models.timing.until_quiet`,
+    a progress line before each new try): the first quiet curve, else the least noisy one."""
     return timing.until_quiet(lambda: measure(target, sizes, cache_lens, reps), CostCurve.noise,
-                              f"cost curve {curve_key(target.model, target.device, target.dtype)}", tries)
+                              f"cost curve {curve_key(target.model, target.device, target.dtype)}", tries, budget)
 
 
 def measure_trusted(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple[int, ...] = QUICK_CACHE_LENS,
                     reps: int = QUICK_REPS, tries: int = timing.TRIES) -> CostCurve:
     """:func:`measure_until_quiet`'s quiet curve, or :class:`BusyMachineError` in one line
-    (nothing is cached): what ``specframe profile``, whose job is to cache a curve, runs."""
-    got = measure_until_quiet(target, sizes, cache_lens, reps, tries)
+    (nothing is cached): what ``specframe profile``, whose job is to cache a curve, runs (all
+    ``tries``, however long: a full curve can take a minute on a quiet machine)."""
+    got = measure_until_quiet(target, sizes, cache_lens, reps, tries, budget=float("inf"))
     if not got.quiet:
         raise BusyMachineError(f"cost curve {got.value.key} not kept: the machine is busy (its repetitions spread by "
                                f"{timing.percent(got.value.noise())} in {got.tries} tries, at most "
