@@ -362,7 +362,8 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--threads", type=int, default=None, help="torch threads (default: the current setting).")
 @click.option("--sizes", default=None, help="Tree sizes n, comma-separated (default 1..128).")
 @click.option("--cache-lens", default=None, help="Context lengths, comma-separated (default 128,512,2048).")
-@click.option("--reps", type=int, default=7, show_default=True, help="Timed runs per point (median).")
+@click.option("--reps", type=int, default=None,
+              help="Timed repetitions per point (median; default 9, each at least 20 ms of forwards).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="PNG to write (default: beside the cached curve).")
 @click.option("--packed-linears", type=click.Choice(["auto", "native", "onednn", "mkl"]), is_flag=False, flag_value="auto",
@@ -377,7 +378,7 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--layout", type=click.Choice(["padded", "flat"]), default="padded", show_default=True,
               help="With --batch: the batch cache layout measured (BatchDecoder's layout).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
-                    cache_lens: str | None, reps: int, plot_path: Path | None, packed_linears: str | None,
+                    cache_lens: str | None, reps: int | None, plot_path: Path | None, packed_linears: str | None,
                     linears: str, batches: str | None, layout: str) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
@@ -387,6 +388,7 @@ def profile_command(model: str, dtype: str, device: str, threads: int | None, si
     sizes_t = profile_command.parse_ints(sizes, profile.FULL_SIZES)
     lens_t = profile_command.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
     batch_t = profile_command.parse_ints(batches, (1,))
+    reps = reps or profile.FULL_REPS
     if batch_t == (1,):
         curve, path, png = profile_command.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
                                                  packed_linears or False, linears)

@@ -92,13 +92,17 @@ def warn(message: str, category: type[Warning] = SpecframeWarning) -> None:
 
 
 def install_warning_format() -> None:
-    """Show specframe warnings as ``Warning: <message>`` on one line, without a source line."""
+    """Show specframe warnings as ``Warning: <message>`` on one line, without a source line (the
+    models layer's :class:`~specframe.models.timing.BusyMachineWarning` too, which cannot
+    subclass :class:`SpecframeWarning` from below the core)."""
     if getattr(warnings.formatwarning, "_specframe", False):
         return
     original = warnings.formatwarning
 
+    from specframe.models.timing import BusyMachineWarning
+
     def formatwarning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-        if issubclass(category, SpecframeWarning):
+        if issubclass(category, (SpecframeWarning, BusyMachineWarning)):
             return f"Warning: {message}\n"
         return original(message, category, *args, **kwargs)
 

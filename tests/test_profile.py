@@ -148,16 +148,20 @@ def _noisy(spreads):
     return fake, calls
 
 
-def test_a_curve_spread_too_wide_is_measured_again_then_refused_as_busy(monkeypatch):
+def test_a_curve_spread_too_wide_is_measured_again_then_refused_as_busy(monkeypatch, capsys):
     monkeypatch.setenv(profile.SPREAD_ENV, "0.15")
+    monkeypatch.setattr(profile, "profile_hint", lambda model: "specframe profile tiny --threads 1")
+    target = TargetModel(tiny_model("llama", seed=0))
     fake, calls = _noisy([0.5, 0.05])
     monkeypatch.setattr(profile, "measure", fake)
-    assert profile.measure_trusted(None).noise() == 0.05 and len(calls) == 2
-    fake, calls = _noisy([0.5, 0.4])
+    assert profile.measure_trusted(target).noise() == 0.05 and len(calls) == 2
+    assert capsys.readouterr().err.count("measuring again (2 of 3)") == 1  # one progress line per new try
+    fake, calls = _noisy([0.5, 0.4, 0.45])
     monkeypatch.setattr(profile, "measure", fake)
-    with pytest.raises(profile.BusyMachineError, match="busy.*40%") as err:
-        profile.measure_trusted(None)
-    assert len(calls) == 2 and "\n" not in str(err.value)
+    with pytest.raises(profile.BusyMachineError, match="busy.*40%.*in 3 tries") as err:
+        profile.measure_trusted(target)
+    assert len(calls) == 3 and "\n" not in str(err.value)
+    assert "`specframe profile tiny --threads 1` when it is quiet" in err.value.fix
 
 
 def test_curve_for_logs_where_and_when_its_curve_was_measured(cache, monkeypatch, caplog):

@@ -88,13 +88,27 @@ def build_runner(arm: ArmConfig, pool: ModelPool, target: Any, config: Experimen
         raise ContextError(what, arm_where(arm), fix, err) from err
 
 
+#: The advice for an arm that failed to build for no reason of its own saying.
+OPTIONS_FIX = "fix this arm's drafter / policy / verifier options in the experiment file, or remove the arm"
+
+
 def _load_fault(err: BaseException, arm: ArmConfig) -> tuple[str, str]:
     """``(what, how to fix)`` of an arm that failed to build; weight files are named."""
     if "safetensor" in type(err).__name__.lower():
         files = [str(f) for d in _option_dirs(arm) for f in sorted(d.glob("*.safetensors"))]
         return (f"cannot read the weights {', '.join(files) or '(*.safetensors)'}: {one_line(err)}",
                 "the file is empty, truncated or not safetensors: copy or export the checkpoint again")
-    return one_line(err), "fix this arm's drafter / policy / verifier options in the experiment file, or remove the arm"
+    return fault(err, OPTIONS_FIX)
+
+
+def fault(err: BaseException, default_fix: str) -> tuple[str, str]:
+    """``(what, how to fix)`` of ``err``: its own ``what`` and ``fix`` when it names a fix (a
+    measurement refused on a busy machine is no fault of an arm's options), else its one-line
+    message and ``default_fix``."""
+    fix = getattr(err, "fix", None)
+    if isinstance(fix, str) and fix:
+        return str(getattr(err, "what", None) or one_line(err)), fix
+    return one_line(err), default_fix
 
 
 def _option_dirs(arm: ArmConfig) -> list[Path]:

@@ -3,8 +3,9 @@
 Cost curves (:mod:`specframe.sizing.profile`) and the ``"auto"`` linear kernel choice
 (:mod:`specframe.models.packed_linear`) live side by side in ``specframe.models.gguf.cache_root()/profiles``.
 Both are keyed by the model (a readable name plus a hash of its config: weights do not change
-the cost), threads and torch version. This module holds the parts both keys share, and reads
-and writes the kernel choice, so that neither of the two modules has to import the other.
+the cost), threads and torch version. This module holds the parts both keys share, reads
+and writes the kernel choice, and spells the ``specframe profile`` command that measures both
+again (:func:`profile_command`), so that neither of the two modules has to import the other.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +93,10 @@ def load_kernel_choice(key: str) -> str | None:
     return _CHOSEN[where, key]
 
 
-def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: tuple[int, ...]) -> None:
+def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: tuple[int, ...],
+                       spread: float | None = None) -> None:
     """Cache ``kernel`` for ``key`` beside the cost curves (atomically), with the seconds of the
-    forwards it was chosen on; a read-only cache keeps it for the process only."""
+    forwards it was chosen on and their spread; a read-only cache keeps it for the process only."""
     where = profiles_dir()
     _CHOSEN[where, key] = kernel
     path = where / f"{key}.json"
@@ -102,8 +105,52 @@ def save_kernel_choice(key: str, kernel: str, seconds: dict[str, float], rows: t
         # one temporary name per process: two processes sharing the cache (parallel test workers,
         # two runs) may write the same file at once, and each must rename a whole file of its own
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds},
-                                  indent=1), encoding="utf-8")
+        tmp.write_text(json.dumps({"key": key, "kernel": kernel, "rows": list(rows), "seconds": seconds,
+                                   "spread": spread}, indent=1), encoding="utf-8")
         tmp.replace(path)
     except OSError:
         pass
+
+
+def remember_kernel_choice(key: str, kernel: str) -> None:
+    """Use ``kernel`` for ``key`` for the rest of this process without caching it (a choice
+    timed on a busy machine: the next process times it again)."""
+    _CHOSEN[profiles_dir(), key] = kernel
+
+
+def command_name(model: Any) -> str:
+    """The name ``specframe profile`` loads ``model`` by: a shipped model's short name, a
+    registry model's name for its converted checkpoint, else its path or hub id."""
+    from specframe.models.assets import SHIPPED_MODELS
+    from specframe.models.gguf import REGISTRY_MODELS
+
+    where = str(getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
+    path = Path(where)
+    for name, folder in SHIPPED_MODELS.items():
+        if where and path == folder:
+            return name
+    for name, (_, file) in REGISTRY_MODELS.items():
+        if path.parent.name == "gguf" and path.name.startswith(Path(file).stem + "-"):
+            return name
+    return where or "MODEL"
+
+
+def profile_command(model: Any, kernel: str | None = None, linears: str = "float32") -> str:
+    """The ``specframe profile`` command that measures ``model``'s cost curve as this process
+    runs it: its name (:func:`command_name`), torch threads, dtype, device, ``kernel`` (the
+    packed-linear kernel installed, ``"auto"`` to choose it too, None: plain linears; a kernel
+    that the cached ``"auto"`` choice names is written ``auto``, as the run chose it) and
+    ``linears`` (what runs them, as :func:`~specframe.models.linears.linears_label` says)."""
+    param = next(model.parameters(), None)
+    parts = ["specframe", "profile", shlex.quote(command_name(model)), "--threads", str(torch.get_num_threads())]
+    if param is not None and param.dtype != torch.float32:
+        parts += ["--dtype", str(param.dtype).replace("torch.", "")]
+    if param is not None and (param.device.type != "cpu" or torch.cuda.is_available()):
+        parts += ["--device", str(param.device)]
+    if kernel and kernel != "auto" and load_kernel_choice(kernel_choice_key(model)) == kernel:
+        kernel = "auto"
+    if kernel:
+        parts += ["--packed-linears", kernel]
+    if linears.startswith("bf16"):
+        parts += ["--linears", "bf16"]
+    return " ".join(parts)

@@ -20,7 +20,9 @@ every size from 1 to 16 tokens, and a row's result does not depend on the number
 :func:`pack_linears` with ``kernel="auto"`` times whole forwards of the model at 1 and 16 tokens
 with each available kernel, keeps the incumbent unless another is clearly faster, and caches the
 choice beside the cost curves, so every later load on this machine takes the same kernel (timing
-the largest linear alone flipped between near-tied kernels from run to run).
+the largest linear alone flipped between near-tied kernels from run to run). A choice whose
+repetitions spread too wide (a busy machine: :mod:`specframe.models.timing`) is timed again, and
+if the machine stays busy it serves this process only, uncached, with one warning line.
 
 Memory: one extra copy of the weights per bucket (MKL), one in all (native). Both copies are
 taken when the layer is wrapped, so weights changed later are not seen. Numerics: a packed GEMM adds in another order
@@ -33,13 +35,15 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe.models import native_gemm
-from specframe.models.cache_keys import kernel_choice_key, load_kernel_choice, save_kernel_choice
+from specframe.models import native_gemm, timing
+from specframe.models.cache_keys import (kernel_choice_key, load_kernel_choice, profile_command, remember_kernel_choice,
+                                         save_kernel_choice)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 #: Kernels :func:`pack_linears` can install (``"auto"``: the fastest on this machine).
@@ -194,14 +198,16 @@ CHOICE_ROWS = (1, 16)
 SWITCH_MARGIN = 0.05
 
 
-def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: int = 5,
+def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: int = timing.REPS,
                    refresh: bool = False) -> str:
     """The available kernel that runs ``model`` fastest: whole forwards of each of ``rows``
-    tokens (:func:`time_model_kernels`), another kernel replacing the incumbent only when it
+    tokens (:func:`kernel_runs`), another kernel replacing the incumbent only when it
     is more than :data:`SWITCH_MARGIN` faster (:func:`choose_kernel`). The choice is cached
     beside the cost curves (:func:`~specframe.models.cache_keys.kernel_choice_key`: model, CPU,
     threads, torch version), so later processes take it without timing; ``refresh`` times
-    again, with the cached choice as the incumbent."""
+    again, with the cached choice as the incumbent. Timings that spread wider than
+    :func:`~specframe.models.timing.max_spread` are taken again; if they stay that wide the
+    choice serves this process only, uncached, with one warning line."""
     kernels = available_kernels()
     if not kernels:
         raise RuntimeError("packed linears need a C++ compiler (native kernel) or a torch build with oneDNN "
@@ -212,9 +218,16 @@ def fastest_kernel(model: nn.Module, rows: tuple[int, ...] = CHOICE_ROWS, reps: 
     cached = load_kernel_choice(key)
     if cached in kernels and not refresh:
         return cached
-    seconds = time_model_kernels(model, kernels, rows, reps)
+    got = timing.until_quiet(lambda: kernel_runs(model, kernels, rows, reps), kernel_spread, "kernel choice")
+    seconds = {k: statistics.median(t) for k, t in got.value.items()}
     choice = choose_kernel(seconds, cached if cached in kernels else kernels[0])
-    save_kernel_choice(key, choice, seconds, rows)
+    if got.quiet:
+        save_kernel_choice(key, choice, seconds, rows, kernel_spread(got.value))
+    else:
+        remember_kernel_choice(key, choice)
+        warnings.warn(timing.busy_line(f"the kernel choice {key}", kernel_spread(got.value), got.tries,
+                                       f"the {choice} kernel", profile_command(model, "auto")),
+                      timing.BusyMachineWarning, stacklevel=2)
     return choice
 
 
@@ -225,31 +238,50 @@ def choose_kernel(seconds: dict[str, float], incumbent: str, margin: float = SWI
     return best if seconds[incumbent] > seconds[best] * (1 + margin) else incumbent
 
 
+def kernel_spread(runs: dict[str, list[float]]) -> float:
+    """The widest :func:`~specframe.models.timing.relative_spread` of the kernels' repetitions:
+    a choice is only as sure as its noisiest timing."""
+    return max(timing.relative_spread(t) for t in runs.values())
+
+
 def time_model_kernels(model: nn.Module, kernels: tuple[str, ...], rows: tuple[int, ...] = CHOICE_ROWS,
-                       reps: int = 5) -> dict[str, float]:
+                       reps: int = timing.REPS) -> dict[str, float]:
     """Seconds of ``model``'s forwards of each of ``rows`` tokens (summed) with each kernel in
-    its linears: the median of ``reps`` rounds, the kernels taking turns in every round so a
-    change of load hits all of them (round 0 warms up). The model's linears are put back."""
+    its linears: the median of :func:`kernel_runs`."""
+    return {k: statistics.median(t) for k, t in kernel_runs(model, kernels, rows, reps).items()}
+
+
+def kernel_runs(model: nn.Module, kernels: tuple[str, ...], rows: tuple[int, ...] = CHOICE_ROWS,
+                reps: int = timing.REPS) -> dict[str, list[float]]:
+    """Seconds of ``model``'s forwards of each of ``rows`` tokens (summed) with each kernel in
+    its linears, ``reps`` repetitions each (a repetition at least
+    :data:`~specframe.models.timing.MIN_SAMPLE_SECONDS` long: :func:`~specframe.models.timing.sample`),
+    the kernels taking turns in every round so a change of load hits all of them (round 0 warms
+    up). The model's linears are put back."""
     layers = _linears(model)
     wrapped = {k: [_wrap(child, k, rows) for _, _, child in layers] for k in kernels}
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
     inputs = [torch.arange(r).remainder(vocab).unsqueeze(0) for r in rows]
     times: dict[str, list[float]] = {k: [] for k in kernels}
+
+    def once() -> float:
+        start = time.perf_counter()
+        for ids in inputs:
+            model(input_ids=ids, use_cache=False)
+        return time.perf_counter() - start
     try:
         with torch.no_grad():
             for rep in range(reps + 1):
                 for k in kernels:
                     for (parent, name, _), module in zip(layers, wrapped[k]):
                         setattr(parent, name, module)
-                    start = time.perf_counter()
-                    for ids in inputs:
-                        model(input_ids=ids, use_cache=False)
+                    spent = timing.sample(once) if rep else once()
                     if rep:
-                        times[k].append(time.perf_counter() - start)
+                        times[k].append(spent)
     finally:
         for parent, name, child in layers:
             setattr(parent, name, child)
-    return {k: statistics.median(t) for k, t in times.items()}
+    return times
 
 
 def _wrap(linear: nn.Linear, kernel: str, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> nn.Module:

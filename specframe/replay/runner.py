@@ -20,10 +20,10 @@ from specframe.experiments.baselines import ArmOutput
 from specframe.experiments.config import ArmConfig, ExperimentConfig
 from specframe.experiments.data import Question
 from specframe.decode.engine import SpecDecoder, make_plugin
-from specframe.errors import ContextError, one_line, warn
+from specframe.errors import ContextError, warn
 from specframe.experiments.experiment import Experiment, RunOutcome
 from specframe.experiments.loading import ModelPool, no_loading_bars, stop_tokens
-from specframe.experiments.runners import arm_where, batch_answers
+from specframe.experiments.runners import arm_where, batch_answers, fault
 from specframe.options import NoOptions
 from specframe.plugins import get_registry
 from specframe.sizing.profile import CostCurve
@@ -334,8 +334,8 @@ class ReplayExperiment(Experiment):
                 except (TraceError, ContextError):
                     raise
                 except Exception as err:  # a drafter or policy that cannot be built: name the arm
-                    raise ContextError(f"cannot build the arm: {one_line(err)}", arm_where(arm),
-                                       "fix this arm's drafter / policy options in the experiment file", err) from err
+                    what, fix = fault(err, "fix this arm's drafter / policy options in the experiment file")
+                    raise ContextError(f"cannot build the arm: {what}", arm_where(arm), fix, err) from err
         self.skipped += left_out
         if not any(a.baseline is None and a.name in self.runners for a in cfg.arms):
             raise ReplayError("no specframe arm of the experiment can be replayed (see the warnings above)")

@@ -14,9 +14,10 @@ profile MODEL`` (:mod:`specframe.sizing.profile_command`) measures a longer one,
 A curve measured while another job loads the machine is wrong in a way no later reader can see
 (a T(16)/T(1) of 5.1 where the quiet machine gives 1.46 was once cached and reused). So a
 measurement keeps the spread of its repetitions beside the medians, and where (host, CPU) and
-when it was taken: :func:`measure_trusted` measures again when the spread is wider than
-:func:`max_spread` and otherwise refuses with :class:`BusyMachineError`, and :func:`curve_for`
-logs where and when the curve it hands a policy was measured.
+when it was taken, and is cached only under :mod:`specframe.models.timing`'s spread rule: on a
+busy machine :func:`curve_for` hands the run its least noisy curve uncached with one warning
+line, and :func:`measure_trusted` (``specframe profile``) refuses. :func:`curve_for` logs where
+and when the curve it hands a policy was measured.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
@@ -36,25 +38,21 @@ from typing import Any, Callable
 
 import torch
 
-from specframe.models.cache_keys import cpu_label, model_identity, profiles_dir, safe
+from specframe.models import timing
+from specframe.models.cache_keys import cpu_label, model_identity, profile_command, profiles_dir, safe
+# The spread rule's names, kept importable from here, where curves have always read them.
+from specframe.models.timing import MAX_SPREAD, SPREAD_ENV, BusyMachineError, max_spread, relative_spread
 from specframe.tree import DraftTree
 
 #: Tree sizes (root included) and cache lengths of the short curve measured at first use.
 QUICK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_CACHE_LENS = (64, 512)
-QUICK_REPS = 5
+QUICK_REPS = timing.REPS
 #: The longer curve of ``specframe profile``.
 FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 FULL_CACHE_LENS = (128, 512, 2048)
-FULL_REPS = 7
+FULL_REPS = timing.REPS
 
-#: Widest spread of repetitions a curve may have to be cached (:meth:`CostCurve.noise`: the median
-#: over its points of the interquartile range of the repetitions over their median). On a quiet
-#: 2-core machine SmolLM2's points spread by a few percent; a concurrent job spreads them by tens.
-MAX_SPREAD = 0.15
-#: Environment variable overriding :data:`MAX_SPREAD` (``inf`` accepts any curve: the test suite,
-#: whose tiny models' sub-millisecond forwards say nothing about the machine).
-SPREAD_ENV = "SPECFRAME_CURVE_MAX_SPREAD"
 _LOG = logging.getLogger("specframe.sizing")
 #: Curve keys whose provenance this process has logged.
 _SHOWN: set[str] = set()
@@ -356,7 +354,9 @@ def _sync(device: torch.device) -> None:
 def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple[int, ...] = QUICK_CACHE_LENS,
             reps: int = QUICK_REPS) -> CostCurve:
     """Measure T(n) of ``target`` (a :class:`~specframe.models.target.TargetModel`): median of ``reps``
-    tree forwards after one warm-up, for each size on top of each cache length.
+    repetitions after one warm-up, for each size on top of each cache length; a repetition of a
+    forward shorter than :data:`~specframe.models.timing.MIN_SAMPLE_SECONDS` is the mean of as
+    many forwards as fill it (:func:`~specframe.models.timing.sample`).
 
     Cache lengths beyond the model's positions are skipped. Leaves the target's cache reset.
     """
@@ -376,22 +376,15 @@ def measure(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple
             # (its size was always the first, so T(1) read high and every ratio to it low).
             _time_tree(target, trees[0], cache_len)
             for j, tree in enumerate(trees):
-                spent = _time_tree(target, tree, cache_len)
                 if rep:
-                    runs[i][j].append(spent)
+                    runs[i][j].append(timing.sample(lambda: _time_tree(target, tree, cache_len)))
+                else:
+                    _time_tree(target, tree, cache_len)
     seconds = [[statistics.median(r) for r in row] for row in runs]
     target.reset()
     return CostCurve(curve_key(target.model, device, target.dtype), list(sizes), usable, seconds,
                      padded_rows(target.model), [[relative_spread(r) for r in row] for row in runs],
                      where_and_when(device, reps))
-
-
-def relative_spread(times: list[float]) -> float:
-    """The interquartile range of ``times`` over their median (0.0 for fewer than two)."""
-    if len(times) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
-    return (q3 - q1) / statistics.median(times)
 
 
 def where_and_when(device: torch.device, reps: int) -> dict:
@@ -401,26 +394,45 @@ def where_and_when(device: torch.device, reps: int) -> dict:
             "cpu": what, "threads": torch.get_num_threads(), "reps": reps}
 
 
-class BusyMachineError(RuntimeError):
-    """Two measurements in a row spread wider than :func:`max_spread`: the machine is busy."""
-
-
-def max_spread() -> float:
-    """:data:`MAX_SPREAD`, or ``$SPECFRAME_CURVE_MAX_SPREAD``."""
-    return float(os.environ.get(SPREAD_ENV) or MAX_SPREAD)
+def measure_until_quiet(target: Any, sizes: tuple[int, ...] = QUICK_SIZES,
+                        cache_lens: tuple[int, ...] = QUICK_CACHE_LENS, reps: int = QUICK_REPS,
+                        tries: int = timing.TRIES, budget: float = timing.TRY_SECONDS) -> timing.Measured[CostCurve]:
+    """:func:`measure`, again while its spread is wider than :func:`max_spread`, up to ``tries``
+    times in all, none begun after ``budget`` seconds (:func:`~specframe.models.timing.until_quiet`,
+    a progress line before each new try): the first quiet curve, else the least noisy one."""
+    return timing.until_quiet(lambda: measure(target, sizes, cache_lens, reps), CostCurve.noise,
+                              f"cost curve {curve_key(target.model, target.device, target.dtype)}", tries, budget)
 
 
 def measure_trusted(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_lens: tuple[int, ...] = QUICK_CACHE_LENS,
-                    reps: int = QUICK_REPS, tries: int = 2) -> CostCurve:
-    """:func:`measure`, again while its spread is wider than :func:`max_spread`, up to ``tries``
-    times; then :class:`BusyMachineError` in one line (nothing is cached)."""
-    for _ in range(tries):
-        curve = measure(target, sizes, cache_lens, reps)
-        if curve.noise() <= max_spread():
-            return curve
-    raise BusyMachineError(f"cost curve {curve.key} not kept: the machine is busy (its repetitions spread by "
-                           f"{100 * curve.noise():.0f}% in {tries} tries, at most {100 * max_spread():.0f}% is "
-                           f"trusted; {SPREAD_ENV} overrides): measure it when the machine is quiet")
+                    reps: int = QUICK_REPS, tries: int = timing.TRIES) -> CostCurve:
+    """:func:`measure_until_quiet`'s quiet curve, or :class:`BusyMachineError` in one line
+    (nothing is cached): what ``specframe profile``, whose job is to cache a curve, runs (all
+    ``tries``, however long: a full curve can take a minute on a quiet machine)."""
+    got = measure_until_quiet(target, sizes, cache_lens, reps, tries, budget=float("inf"))
+    if not got.quiet:
+        raise BusyMachineError(f"cost curve {got.value.key} not kept: the machine is busy (its repetitions spread by "
+                               f"{timing.percent(got.value.noise())} in {got.tries} tries, at most "
+                               f"{timing.percent(max_spread())} is trusted)", profile_hint(target.model))
+    return got.value
+
+
+def for_this_run(got: timing.Measured[CostCurve], target: Any) -> CostCurve:
+    """Hand out a curve timed on a busy machine for this process only (uncached), with one
+    warning line: its spread and the ``specframe profile`` command that measures it later."""
+    curve = _MEMO[cache_dir(), got.value.key] = got.value
+    warnings.warn(timing.busy_line(f"cost curve {curve.key}", curve.noise(), got.tries,
+                                   "its least noisy measurement", profile_hint(target.model)),
+                  timing.BusyMachineWarning, stacklevel=3)
+    return curve
+
+
+def profile_hint(model: Any) -> str:
+    """The ``specframe profile`` command that measures ``model``'s curve with its linears."""
+    from specframe.models.linears import linears_label
+    from specframe.models.packed_linear import linear_kernel
+
+    return profile_command(model, linear_kernel(model), linears_label(model))
 
 
 def padded_rows(model: Any) -> list[int]:
@@ -450,7 +462,9 @@ def _time_tree(target: Any, tree: DraftTree, cache_len: int) -> float:
 
 def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
     """The cached curve of ``target`` for the current threads, else (by default) a short one
-    measured now and cached. None when absent and ``measure_if_missing`` is False."""
+    measured now and cached; on a busy machine the measurement serves this run only
+    (:func:`for_this_run`) and nothing is raised. None when absent and ``measure_if_missing``
+    is False."""
     key = curve_key(target.model, target.device, target.dtype)
     curve = load_cached(key)
     if curve is not None and not curve.padded_to:
@@ -458,7 +472,8 @@ def curve_for(target: Any, measure_if_missing: bool = True) -> CostCurve | None:
         if padded:  # a curve cached before the staircase was kept (its key already names the kernel)
             curve = _MEMO[cache_dir(), key] = replace(curve, padded_to=padded)
     if curve is None and measure_if_missing:
-        curve = keep_measured(measure_trusted(target))
+        got = measure_until_quiet(target)
+        curve = keep_measured(got.value) if got.quiet else for_this_run(got, target)
     if curve is not None and curve.key not in _SHOWN:
         _SHOWN.add(curve.key)
         _LOG.info("cost curve %s: %s", curve.key, curve.provenance())
