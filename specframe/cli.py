@@ -372,6 +372,7 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
 @click.option("--linears", type=click.Choice(["float32", "bf16"]), default="float32", show_default=True,
               help="Measure with these linears, as [target] linears (bf16: the row-invariant bf16 kernel where "
                    "the CPU has amx_bf16 or avx512_bf16).")
+@click.option("--exact", is_flag=True, help="Measure the exact forward, as [target] exact = true (cached apart).")
 @click.option("--batch", "batches", default=None,
               help="Batch sizes B, comma-separated (e.g. 1,2,4,8): also measure T_B(n), one packed forward of "
                    "B trees of n nodes, which budget=\"auto\" prices batched decoding with (default: 1 only).")
@@ -379,33 +380,26 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
               help="With --batch: the batch cache layout measured (BatchDecoder's layout).")
 def profile_command(model: str, dtype: str, device: str, threads: int | None, sizes: str | None,
                     cache_lens: str | None, reps: int | None, plot_path: Path | None, packed_linears: str | None,
-                    linears: str, batches: str | None, layout: str) -> None:
+                    linears: str, exact: bool, batches: str | None, layout: str) -> None:
     """Measure MODEL's cost curve T(n) (one tree forward of n tokens) on this device, dtype and
     thread count; print it, plot it and cache it for budget="auto" / gamma="auto" policies.
     With --batch, also the curve at each batch size (docs/batching.md)."""
-    from specframe.sizing import profile, profile_command
+    from specframe.sizing import profile
+    from specframe.sizing import profile_command as pc
 
-    sizes_t = profile_command.parse_ints(sizes, profile.FULL_SIZES)
-    lens_t = profile_command.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
-    batch_t = profile_command.parse_ints(batches, (1,))
-    reps = reps or profile.FULL_REPS
+    sizes_t, lens_t = pc.parse_ints(sizes, profile.FULL_SIZES), pc.parse_ints(cache_lens, profile.FULL_CACHE_LENS)
+    batch_t, reps = pc.parse_ints(batches, (1,)), reps or profile.FULL_REPS
+    target = pc.load_profiled_target(model, dtype, device, threads, packed_linears or False, linears, exact)
     if batch_t == (1,):
-        curve, path, png = profile_command.profile_model(model, dtype, device, threads, sizes_t, lens_t, reps, plot_path,
-                                                 packed_linears or False, linears)
-        click.echo(profile_command.format_table(curve))
-        click.echo(f"cached: {path}")
-        click.echo(f"plot: {png}")
+        curve, path, png = pc.profile_target(target, sizes_t, lens_t, reps, plot_path)
+        click.echo(f"{pc.format_table(curve)}\ncached: {path}\nplot: {png}")
         return
     from specframe.decode import batch_curves
 
-    target = profile_command.load_profiled_target(model, dtype, device, threads, packed_linears or False, linears)
-    curves, paths, png = batch_curves.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path,
-                                                       layout)
+    curves, paths, png = batch_curves.profile_batches(target, batch_t, sizes_t, lens_t, reps, plot_path, layout)
     for b, curve in curves.items():
-        click.echo(f"batch {b}: " + profile_command.format_table(curve))
-        click.echo(f"cached: {paths[b]}")
-    click.echo(batch_curves.format_row_shares(curves))
-    click.echo(f"plot: {png}")
+        click.echo(f"batch {b}: {pc.format_table(curve)}\ncached: {paths[b]}")
+    click.echo(f"{batch_curves.format_row_shares(curves)}\nplot: {png}")
 
 
 # ---------------------------------------------------------------------- conformance

@@ -275,3 +275,13 @@ def test_bf16_linears_alone_do_not_make_a_token_shape_invariant():
     from specframe.models import bf16_linear
 
     assert "exact forward" in bf16_linear.__doc__
+
+
+def test_the_exact_forward_is_keyed_and_measured_apart(tmp_path, monkeypatch):
+    """A cost curve of the exact forward is cached under a key of its own, and the command that
+    measures it later says --exact."""
+    from specframe.models.cache_keys import model_identity, profile_command
+
+    stock, exact = target("h12", exact=False).model, target("h12").model
+    assert model_identity(exact).endswith("-exact") and not model_identity(stock).endswith("-exact")
+    assert profile_command(exact).endswith("--exact") and "--exact" not in profile_command(stock)

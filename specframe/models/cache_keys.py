@@ -153,4 +153,6 @@ def profile_command(model: Any, kernel: str | None = None, linears: str = "float
         parts += ["--packed-linears", kernel]
     if linears.startswith("bf16"):
         parts += ["--linears", "bf16"]
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == "specframe_exact":
+        parts.append("--exact")  # the exact forward's curve is keyed apart (model_identity's -exact)
     return " ".join(parts)

@@ -67,12 +67,13 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 
 def load_profiled_target(name: str, dtype: str = "float32", device: str | None = None,
                          threads: int | None = None, packed_linears: bool | str = False,
-                         linears: str = "float32") -> Any:
+                         linears: str = "float32", exact: bool = False) -> Any:
     """Load ``name`` (path, hub id or shipped name) as the :class:`~specframe.models.target.TargetModel`
     whose curves :func:`profile_model` measures: ``threads`` torch threads (None keeps the
     current setting), ``device`` None / ``"auto"`` = CUDA when available, ``packed_linears``
     as [target] packed_linears (True or ``"auto"``: the fastest kernel here), ``linears`` as
-    [target] linears (``"bf16"``: :mod:`specframe.models.linears`)."""
+    [target] linears (``"bf16"``: :mod:`specframe.models.linears`), ``exact`` as [target] exact
+    (:mod:`specframe.models.exact`)."""
     from specframe.models.target import TargetModel, load_causal_lm
 
     if threads:
@@ -84,6 +85,10 @@ def load_profiled_target(name: str, dtype: str = "float32", device: str | None =
         from specframe.models.linears import apply_linears
 
         apply_linears(model, linears, packed_linears)
+    if exact:
+        from specframe.models.exact import use_exact
+
+        use_exact(model)
     return TargetModel(model)
 
 
@@ -99,7 +104,14 @@ def profile_model(name: str, dtype: str = "float32", device: str | None = None, 
     ``"auto"``: the fastest kernel here, or ``"native"`` / ``"onednn"`` / ``"mkl"``), cached apart;
     ``linears="bf16"`` measures the bf16 linears (cached apart too).
     """
-    target = load_profiled_target(name, dtype, device, threads, packed_linears, linears)
+    return profile_target(load_profiled_target(name, dtype, device, threads, packed_linears, linears),
+                          sizes, cache_lens, reps, plot_path)
+
+
+def profile_target(target: Any, sizes: tuple[int, ...] = FULL_SIZES, cache_lens: tuple[int, ...] = FULL_CACHE_LENS,
+                   reps: int = FULL_REPS, plot_path: Path | None = None) -> tuple[CostCurve, Path, Path]:
+    """Measure ``target``'s curve (:func:`~specframe.sizing.profile.measure_trusted`), cache it
+    and plot it; returns the curve, the cache file and the plot."""
     curve = measure_trusted(target, sizes, cache_lens, reps)
     path = save(curve)
     png = plot(curve, plot_path or path.with_suffix(".png"))
