@@ -1,10 +1,13 @@
 """What the exact forward costs: T(n) with exact on and off, float32 and bf16 linears, one run.
 
-Loads the target four times (float32 with the fastest small-row kernel, as ``packed_linears =
-true``; the same exact; bf16 linears; the same exact), prefills each with the same context, then
+Loads the target once per arm (float32 with the fastest small-row kernel, as ``packed_linears =
+true``; float32 with the native kernel, the one the exact forward runs, when "auto" picks
+another; the exact forward; bf16 linears and bf16 exact where the CPU has them), prefills each
+with the same context, then
 times tree forwards of n = 1, 2, 4, ..., 64 nodes (balanced trees, fan-out 4) with the four arms
 taking turns inside every round, so a change of load on a shared machine hits them alike. Prints
-the median ms per arm, exact's ratio over its stock arm at every n and context, and the CPU.
+the median ms per arm, each exact arm's ratio over each stock arm of its linears at every n and
+context, and the CPU.
 
     python benchmarks/exact_cost.py [--model smollm2-135m-instruct] [--contexts 128,1024]
                                     [--sizes 1,2,4,8,16,32,64] [--reps 7] [--threads 2]
@@ -21,7 +24,7 @@ import torch
 from specframe.models.bf16_linear import select_path
 from specframe.models.cache_keys import cpu_label
 from specframe.models.exact import use_exact
-from specframe.models.linears import apply_linears
+from specframe.models.linears import apply_linears, linears_label
 from specframe.models.target import TargetModel, load_causal_lm
 from specframe.sizing import profile
 
@@ -32,12 +35,13 @@ def arms(model_name: str) -> dict[str, TargetModel]:
     out = {}
     linears = ["float32"] + (["bf16"] if select_path() != "float32" else [])
     for kind in linears:
-        for exact in (False, True):
+        for packed, exact in ((True, False), ("native", False), (True, True)):
             model = copy.deepcopy(base)
-            label = apply_linears(model, kind, packed_linears=True)
+            label = apply_linears(model, kind, packed_linears=packed)
             if exact:
                 use_exact(model)
-            out[f"{label}{' exact' if exact else ''}"] = TargetModel(model)
+                label = linears_label(model) + " exact"
+            out.setdefault(label, TargetModel(model))  # "auto" may pick native: one arm then
     return out
 
 
@@ -64,8 +68,10 @@ def measure(targets: dict[str, TargetModel], contexts: list[int], sizes: list[in
 def table(medians: dict, targets: dict, contexts: list[int], sizes: list[int]) -> str:
     """Markdown: ms per arm and exact / stock per linears kind, rows (context, n)."""
     names = list(targets)
-    pairs = [(names[i], names[i + 1]) for i in range(0, len(names), 2)]
-    head = ["context", "n"] + [f"{a} ms" for a in names] + [f"{b} / stock" for _, b in pairs]
+    kind = lambda name: name.split("-")[0]  # noqa: E731  float32 / bf16
+    pairs = [(a, b) for b in names if b.endswith(" exact") for a in names
+             if not a.endswith(" exact") and kind(a) == kind(b)]
+    head = ["context", "n"] + [f"{a} ms" for a in names] + [f"{b} / {a}" for a, b in pairs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in contexts:
         for n in sizes:
