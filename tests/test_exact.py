@@ -291,3 +291,14 @@ def test_the_exact_forward_is_keyed_and_measured_apart(tmp_path, monkeypatch):
     stock, exact = target("h12", exact=False).model, target("h12").model
     assert model_identity(exact).endswith("-exact") and not model_identity(stock).endswith("-exact")
     assert profile_command(exact).endswith("--exact") and "--exact" not in profile_command(stock)
+
+
+def test_a_kernel_choice_is_keyed_by_the_native_kernels_build(monkeypatch):
+    """A choice timed against one build of the native kernel is not read for another."""
+    from specframe.models import native_gemm
+    from specframe.models.cache_keys import kernel_choice_key
+
+    model = target("h12", exact=False).model
+    before = kernel_choice_key(model)
+    monkeypatch.setattr(native_gemm, "FLAGS", native_gemm.FLAGS + ("-DCHANGED",))
+    assert kernel_choice_key(model) != before

@@ -73,10 +73,15 @@ _CHOSEN: dict[tuple[Path, str], str] = {}
 
 def kernel_choice_key(model: Any, threads: int | None = None) -> str:
     """Cache key of ``model``'s ``"auto"`` kernel (taken before its linears are replaced): the
-    model (as the cost curves name it), this CPU, torch threads and torch version."""
+    model (as the cost curves name it), this CPU, torch threads, torch version and the native
+    kernel's build (a digest of its source and flags: a choice timed against an older native
+    kernel is stale once the kernel changes)."""
+    from specframe.models.native_gemm import extension_name
+
     threads = torch.get_num_threads() if threads is None else threads
+    native = extension_name().rsplit("_", 1)[-1][:8]
     return "_".join(["linear-kernel", model_identity(model), cpu_label(), f"t{threads}",
-                     "torch" + safe(torch.__version__)])
+                     "torch" + safe(torch.__version__), "native" + native])
 
 
 def load_kernel_choice(key: str) -> str | None:
