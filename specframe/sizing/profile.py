@@ -277,15 +277,19 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 # ---------------------------------------------------------------------- keys and the cache
 def model_label(model: Any) -> str:
     """A readable model name plus a hash of its config (weights do not change the cost), and
-    ``-native`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.models.packed_linear.pack_linears` replaced its
-    linears, ``-bf16-amx`` / ``-bf16-avx512-bf16`` for :mod:`specframe.models.bf16_linear`'s (no mark:
-    the model's own linears), and ``-gqa`` when its attention is :mod:`specframe.models.attention`'s
-    (all change it)."""
+    ``-native<build>`` / ``-onednn`` / ``-mkl`` when :func:`~specframe.models.packed_linear.pack_linears` replaced its
+    linears (the native kernel with its build's digest: a new build times differently),
+    ``-bf16-amx`` / ``-bf16-avx512-bf16`` for :mod:`specframe.models.bf16_linear`'s (no mark:
+    the model's own linears), ``-gqa`` when its attention is :mod:`specframe.models.attention`'s
+    and ``-exact`` for the exact forward (all change it)."""
     from specframe.models.linears import linears_label
+    from specframe.models.native_gemm import extension_name
     from specframe.models.packed_linear import linear_kernel
 
-    label = linears_label(model)
-    return model_identity(model, safe(label) if label.startswith("bf16-") else linear_kernel(model))
+    label, kernel = linears_label(model), linear_kernel(model)
+    if kernel == "native":
+        kernel += extension_name().rsplit("_", 1)[-1][:8]
+    return model_identity(model, safe(label) if label.startswith("bf16-") else kernel)
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
