@@ -69,10 +69,15 @@ class BusyMachineError(RuntimeError):
     """
 
     def __init__(self, what: str, command: str = "specframe profile MODEL") -> None:
-        self.what = what
+        self.what, self.command = what, command
         self.fix = (f"another job is loading the machine, not a fault of the experiment: run `{command}` when it "
                     f"is quiet (`uptime` shows the load), or set {SPREAD_ENV}=0.3 to accept a wider spread")
         super().__init__(f"{what}: {self.fix}")
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its own arguments (the message alone is not one): it crosses Ray's and
+        # the sweep's process boundaries.
+        return type(self), (self.what, self.command)
 
 
 class BusyMachineWarning(UserWarning):
