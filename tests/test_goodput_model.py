@@ -10,7 +10,7 @@ import pytest
 
 from specframe.decode.allocate import make_allocator
 from specframe.interfaces import StepStats
-from specframe.sizing.profile import CostCurve
+from stand_in_curves import Curves
 
 
 
@@ -18,17 +18,6 @@ def stats(size: int, depth: int, accepted: int, draft: float = 0.0, policy: floa
     return StepStats(tree_size=size, depth=depth, accepted=accepted, emitted=accepted + 1, draft_forwards=depth,
                      draft_time=draft, policy_time=policy, target_time=0.0, verify_time=rest / 2, other_time=rest / 2,
                      widths=[1] * (depth + 1), accepted_ranks=[0] * accepted)
-
-
-class Curves:
-    """Stand-in BatchCurves: T(n) per row at any live size from ``seconds(n)``."""
-
-    def __init__(self, seconds) -> None:
-        self.seconds = seconds
-
-    def row_curve(self, live: int) -> CostCurve:
-        sizes = list(range(1, 33))
-        return CostCurve("test", sizes, [256], [[self.seconds(n) / live for n in sizes]])
 
 
 def goodput(curve, **options):

@@ -13,7 +13,6 @@ from specframe.decode.batch import BatchDecoder
 from specframe.decode.engine import SpecDecoder, make_plugin
 from specframe.interfaces import StepStats
 from specframe.models.target import TargetModel
-from specframe.sizing.profile import CostCurve
 from specframe.testing.fixtures import default_drafter, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
 from specframe.tree import DraftTree
@@ -21,6 +20,7 @@ from specframe.tree import DraftTree
 from specframe.experiments.load.arrivals import file_arrivals, poisson_arrivals, read_arrivals
 from specframe.experiments.load.metrics import percentile, summarize
 from specframe.experiments.load.settings import load_settings
+from stand_in_curves import Curves
 
 PROMPTS = [[5, 9, 2], [7], [11, 3, 3, 8, 1, 40], [2, 2], [1, 2, 3]]
 
@@ -97,17 +97,6 @@ def test_schedule_follows_vllms_ranges_gaps_and_tail():
     assert alloc.budgets([2], [[]], 2) == [2]  # capped by the row's own budget
     with pytest.raises(ValueError, match="overlap"):
         make_allocator(("schedule", {"schedule": [[1, 4, 2], [3, 5, 1]]}))
-
-
-class Curves:
-    """Stand-in BatchCurves: T(n) per row at any live size from ``seconds(n)``."""
-
-    def __init__(self, seconds) -> None:
-        self.seconds = seconds
-
-    def row_curve(self, live: int) -> CostCurve:
-        sizes = list(range(1, 33))
-        return CostCurve("test", sizes, [256], [[self.seconds(n) / live for n in sizes]])
 
 
 def goodput(curve, layout: str = "flat"):
