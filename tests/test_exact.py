@@ -261,17 +261,21 @@ def test_exact_is_installed_and_refused_in_one_line():
 @pytest.mark.skipif(BF16 is None, reason="this CPU has neither avx512_bf16 nor amx_bf16")
 def test_bf16_linears_alone_do_not_make_a_token_shape_invariant():
     """What bf16_linear's docstring once claimed: row-invariant linears with the stock attention
-    leave a token's logits in a tree different from the token's alone (the exact forward mends it)."""
-    rng = random.Random(1)
-    differs = 0
-    for seed in range(6):
+    leave a token's logits in a tree different from the token's alone (the exact forward mends it).
+
+    The bf16 rounding of the attention output before o_proj hides most of the stock kernel's
+    last-bit differences: on these tiny models about one draw in fifty, with a 12-token path in a
+    52-node tree, crosses a bf16 rounding boundary. Draw 1 of that search (random.Random(1)) is
+    one; the draws after it check that exact keeps them equal."""
+    for seed in (1, 2, 3):
+        rng = random.Random(seed)
         case = dict(shape=rng.choice(sorted(SHAPES)), linears="bf16",
-                    prefix=[rng.randrange(VOCAB) for _ in range(rng.randint(8, 24))],
-                    path=[rng.randrange(VOCAB) for _ in range(3)], extra=8, layout="single", others=1,
+                    prefix=[rng.randrange(VOCAB) for _ in range(rng.randint(8, 100))],
+                    path=[rng.randrange(VOCAB) for _ in range(12)], extra=40, layout="single", others=1,
                     chunks=1, preallocate=False, threads=1, seed=seed)
-        differs += not check(case, exact=False)[0]
+        if seed == 1:
+            assert not check(case, exact=False)[0], "the stock attention kept this bf16 case equal"
         assert check(case, exact=True)[0]
-    assert differs
 
 
 def test_bf16_linears_docstring_claims_losslessness_only_with_the_exact_forward():
