@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specframe.cli import cli
 from specframe.experiments.spec_bench.leaderboard import leaderboard, mean_accepted_tokens, speedup
@@ -67,6 +69,92 @@ def test_tasks_group_mt_benchs_categories_and_overall_pools_the_tasks():
     assert set(fast["tasks"]) == {"mt_bench", "rag"} and board["tasks"] == ["mt_bench", "rag"]
     assert fast["tasks"]["mt_bench"]["speedup"] == pytest.approx(2.0)
     assert fast["speedup"] == pytest.approx(15 / 10)  # mean(20, 10) over mean(10, 10)
+
+
+def _load_speed_py():
+    """Spec-Bench's own ``evaluation/speed.py`` (vendored unmodified, Apache-2.0), loaded by file
+    path with a stand-in for the one name it imports from transformers: a tokenizer whose ids
+    are a BOS and one id per space-separated word (speed.py drops one id, the BOS)."""
+    import importlib.util
+    import sys
+    import types
+
+    class Tokenizer:
+        @classmethod
+        def from_pretrained(cls, _path):
+            return cls()
+
+        def __call__(self, text):
+            return types.SimpleNamespace(input_ids=[0] + text.split())
+
+    fake = types.ModuleType("transformers")
+    fake.AutoTokenizer = Tokenizer
+    spec = importlib.util.spec_from_file_location("spec_bench_speed", QUESTIONS.parent / "speed.py")
+    module = importlib.util.module_from_spec(spec)
+    real = sys.modules.get("transformers")
+    sys.modules["transformers"] = fake
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if real is not None:
+            sys.modules["transformers"] = real
+        else:
+            del sys.modules["transformers"]
+    return module
+
+
+SPEED_PY = _load_speed_py()
+#: speed.py's own task names, "overall" last; its MT-bench is the eight categories, not "mt_bench".
+SPEED_TASKS = (*TASK_KEYS, "overall")
+CATEGORIES = [c for c in VALID_CATEGORIES if c != "mt_bench"]
+
+
+@st.composite
+def answer_pairs(draw):
+    """The same questions answered by an arm and by the baseline: turns, tokens, seconds and
+    accept lengths drawn independently for each."""
+    n = draw(st.integers(1, 8))
+    cats = draw(st.lists(st.sampled_from(CATEGORIES), min_size=n, max_size=n))
+    pair = []
+    for arm in ("arm", "base"):
+        rows = []
+        for qid, cat in enumerate(cats):
+            turns = draw(st.integers(1, 2))
+            tokens = draw(st.lists(st.integers(1, 40), min_size=turns, max_size=turns))
+            walls = draw(st.lists(st.floats(0.01, 3.0), min_size=turns, max_size=turns))
+            accept = draw(st.lists(st.integers(1, 6), min_size=1, max_size=6))
+            rows.append({"question_id": qid, "category": cat, "repeat": 0, "arm": arm,
+                         "choices": [{"turns": [" ".join(["w"] * t) for t in tokens], "new_tokens": tokens,
+                                      "wall_time": walls, "accept_lengths": accept}],
+                         "output_ids": [[1] * t for t in tokens]})
+        pair.append(rows)
+    return pair
+
+
+@settings(max_examples=60, deadline=None)
+@given(answer_pairs())
+def test_speedup_and_mat_equal_spec_benchs_speed_py(pair):
+    """Per task and overall, the leaderboard's speedup and #MAT are what Spec-Bench's own
+    ``speed()`` computes from the same two answer files."""
+    import tempfile
+
+    import numpy as np
+
+    arm, base = pair
+    board = leaderboard({"base": base, "arm": arm}, "base", {})
+    row = next(a for a in board["arms"] if a["arm"] == "arm")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = [Path(tmp) / "arm.jsonl", Path(tmp) / "base.jsonl"]
+        for path, rows in zip(files, pair):
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for task in SPEED_TASKS:
+            ours = row if task == "overall" else row["tasks"].get(task)
+            if ours is None:
+                assert not [r for r in arm if task_of(r["category"]) == task]
+                continue
+            _, _, ratio, accepted = SPEED_PY.speed(str(files[0]), str(files[1]), "stand-in", task=task, report=False)
+            assert ours["speedup"] == pytest.approx(ratio, rel=1e-12), task
+            assert ours["mean_accepted_tokens"] == pytest.approx(float(np.mean(accepted)), rel=1e-12), task
 
 
 # ---------------------------------------------------------------- mismatches
