@@ -17,6 +17,7 @@ import click
 from specframe.errors import DEBUG_VARIABLE, debug_enabled, install_warning_format, one_line
 from specframe.experiments.cli import compare_main, make_console as _console, print_summary as _print_summary
 from specframe.experiments.cli import run_config as _run_config
+from specframe.experiments.spec_bench.cli import bench_group
 from specframe.options import describe_options, takes_options
 from specframe.plugins import KINDS, SINGULAR, get_registry, normalise_dist
 from specframe.search_space import describe_space
@@ -352,6 +353,9 @@ def compare_command(sources: tuple[str, ...], level: float) -> None:
       specframe compare RUN_DIR                every arm against the autoregressive arm
     """
     compare_main(sources, level)
+
+
+cli.add_command(bench_group)  # specframe bench spec-bench (docs/spec-bench.md)
 
 
 # ---------------------------------------------------------------------- profile
