@@ -125,7 +125,8 @@ class FrozenAutomaton:
 
 def freeze(sam: Automaton) -> FrozenAutomaton:
     """The read-only form of ``sam``, with each state's end-position count (1 for every state
-    that ends a prefix, summed up the suffix links, longest states first)."""
+    that ends a prefix, summed up the suffix links, longest states first; the authors' StaticSAM
+    counts the same by walking the links at each token)."""
     n = len(sam.next)
     count = [0] * n
     for state in range(1, n):
@@ -134,6 +135,7 @@ def freeze(sam: Automaton) -> FrozenAutomaton:
         count[state] = int(sam.length[state] == sam.min_endpos[state])
     for state in sorted(range(1, n), key=lambda s: -sam.length[s]):
         count[sam.link[state]] += count[state]
+    count[0] = 0  # the root's (the empty string's) is never read; 0, as the authors keep it
     offsets, edge_tokens, edge_targets = [0], [], []
     for edges in sam.next:
         for token in sorted(edges):
