@@ -27,6 +27,7 @@ from specframe.testing.conformance import DrafterConformance
 from specframe.testing.distribution import chi_square_pvalue
 from specframe.testing.fixtures import VOCAB, fixed_policy_spec, is_builtin, tiny_target
 from specframe.testing.harness import greedy_by_recomputation
+from specframe.testing.host_reads import count_step_reads
 from specframe.testing.models import tiny_model
 from specframe.tree import DraftTree
 
@@ -196,6 +197,19 @@ def test_greedy_lossless_with_every_policy(policy):
     assert all(sources.values()), f"some source never drafted: {sources}"
 
 
+@pytest.mark.parametrize("policy", ["chain", "talon", "eagle"])
+@pytest.mark.parametrize("verifier", ["greedy", ("sampling", {"temperature": 0.8, "seed": 1})])
+@pytest.mark.parametrize("auxiliary", [None, "recycle"])
+def test_a_step_reads_the_device_once(policy, verifier, auxiliary):
+    """The source is chosen on the host from the automata, so the engine's one read per step holds."""
+    target = TargetModel(tiny_target())
+    options = {"auxiliary": auxiliary, "len_threshold": 2} if auxiliary else {}
+    dec = SpecDecoder(target, _sam(target, **options), make_plugin("policies", _policy(policy)),
+                      make_plugin("verifiers", verifier), strict=False)
+    reads = count_step_reads(dec, REPEAT, max_new_tokens=24)
+    assert reads["steps"] > 1 and reads["engine"] == reads["steps"]
+
+
 def _variant_class(name: str, options: dict) -> type:
     """A conformance class for one configuration, under every built-in policy."""
     cls = type("TestConformance_" + "".join(c if c.isalnum() else "_" for c in name), (DrafterConformance,),
@@ -210,7 +224,7 @@ for _name, _options in _variants(tiny_target()).items():
 
 
 # ---------------------------------------------------------------------- sampling, in distribution
-SAMPLES = 1500
+SAMPLES = 600
 V = 12
 
 
@@ -231,9 +245,12 @@ def _exact_two(prompt: list[int]) -> dict[tuple[int, int], float]:
     return out
 
 
+#: Every policy once, the automaton alone and with an auxiliary in turn (each case costs ~10 s).
+SAMPLING_CASES = [(policy, None if i % 2 else "recycle") for i, policy in enumerate(POLICIES)]
+
+
 @pytest.mark.statistical
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("auxiliary", [None, "recycle"])
+@pytest.mark.parametrize("policy, auxiliary", SAMPLING_CASES)
 def test_sampling_emits_the_targets_distribution(policy, auxiliary):
     """The first two sampled tokens follow the target's distribution (chi-square, p >= 1e-3)
     over a prompt the automaton continues, and drafts are accepted."""
