@@ -25,8 +25,10 @@ def register_drafters(register):
     register(SuffixDrafter)
 
     from .recycle import RecycleDrafter
+    from .sam import SamDrafter
 
     register(RecycleDrafter)
+    register(SamDrafter)
 
     from .hybrid import HybridDrafter
 
@@ -39,7 +41,7 @@ def register_drafters(register):
 
 @hookimpl
 def register_commands(cli):
-    """Add ``train-eagle`` and ``train-medusa`` (head trainers) and ``datastore`` (REST datastores)."""
+    """Add ``train-eagle`` and ``train-medusa`` (head trainers) and ``datastore`` (REST and SAM datastores)."""
     from .datastore import datastore_command
     from .eagle_train import train_eagle_command
     from .medusa_train import train_medusa_command

@@ -33,6 +33,9 @@ import numpy as np
 
 FORMAT = 1
 SEPARATOR = -1
+#: What ``datastore build --kind`` writes: REST's suffix array, or SAM-Decoding's static automaton
+#: (:mod:`specframe.drafters.sam_store`).
+KINDS = ("rest", "sam")
 #: Continuations counted per lookup at most (the first ones in suffix-array order): REST draws its
 #: candidates from a bounded sample of the matches too; the cost of a lookup stays bounded.
 MAX_OCCURRENCES = 4096
@@ -246,24 +249,38 @@ def datastore_command() -> Any:
 
     @click.group("datastore")
     def group() -> None:
-        """REST datastores: a corpus and its suffix array, for the ``suffix`` drafter's
-        ``datastore`` option (docs/drafters.md)."""
+        """Datastores: a corpus and its suffix array (``--kind rest``, for the ``suffix`` drafter's
+        ``datastore`` option) or its suffix automaton (``--kind sam``, for the ``sam`` drafter's);
+        docs/drafters.md."""
 
     @group.command("build")
     @click.argument("corpus", nargs=-1, required=True, type=click.Path(exists=True))
     @click.option("--tokenizer", required=True, help="the target model (shipped or registry name, or path) whose "
                   "tokenizer encodes the corpus; 'bytes:V' for byte-level test models")
     @click.option("--out", required=True, type=click.Path(file_okay=False), help="the datastore folder to write")
-    @click.option("--depth", default=16, show_default=True, help="longest match indexed (the drafter's max_match)")
-    def build_command(corpus: tuple[str, ...], tokenizer: str, out: str, depth: int) -> None:
-        """Tokenize CORPUS (text or JSONL files, or folders of them) and write its suffix array."""
+    @click.option("--kind", type=click.Choice(KINDS), default="rest", show_default=True,
+                  help="'rest': a suffix array (the suffix drafter's datastore); 'sam': a static suffix "
+                  "automaton (the sam drafter's datastore)")
+    @click.option("--depth", default=16, show_default=True, help="longest match indexed (the drafter's max_match; "
+                  "--kind rest)")
+    def build_command(corpus: tuple[str, ...], tokenizer: str, out: str, kind: str, depth: int) -> None:
+        """Tokenize CORPUS (text or JSONL files, or folders of them) and write its index."""
         from rich.progress import Progress
+
+        from . import sam_store
 
         encode, vocab = _tokenizer(tokenizer)
         with Progress(transient=True) as bar:
             task = bar.add_task("tokenizing", total=None)
-            meta = build(documents(corpus), encode, out, tokenizer, vocab, depth,
-                         progress=lambda n: bar.update(task, completed=n, description=f"tokenizing: {n:,} tokens"))
-        click.echo(f"{out}: {describe(meta)}")
+
+            def progress(n: int) -> None:
+                bar.update(task, completed=n, description=f"tokenizing: {n:,} tokens")
+
+            if kind == "sam":
+                meta = sam_store.build(documents(corpus), encode, out, tokenizer, vocab,
+                                       sam_store.eos_of(tokenizer), progress=progress)
+            else:
+                meta = build(documents(corpus), encode, out, tokenizer, vocab, depth, progress=progress)
+        click.echo(f"{out}: {(sam_store.describe if kind == 'sam' else describe)(meta)}")
 
     return group

@@ -68,13 +68,31 @@ from .recycle import canonical_rows
 REPLAY_ORDER = ("exact", "approximate", "unsupported")
 
 
-def _split(entry: Any) -> tuple[str, dict]:
-    """``"name"`` or ``[name, {options}]`` -> ``(name, options)``."""
+def split_entry(entry: Any, key: str = "drafters") -> tuple[str, dict]:
+    """``"name"`` or ``[name, {options}]`` -> ``(name, options)``; else an error naming option ``key``."""
     if isinstance(entry, str):
         return entry, {}
     if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
         return entry[0], dict(entry[1])
-    raise OptionError(f"option 'drafters': entry {entry!r} is not a drafter name or [name, {{options}}]")
+    raise OptionError(f"option {key!r}: entry {entry!r} is not a drafter name or [name, {{options}}]")
+
+
+def make_part(entry: Any, target: Any, role: str = "a part of 'hybrid'", key: str = "drafters") -> Drafter:
+    """The registered drafter an entry names (``"name"`` or ``[name, {options}]``), built over
+    ``target``; ``role`` says in an option error what the drafter is part of."""
+    name, values = split_entry(entry, key)
+    cls = get_registry().get("drafters", name)
+    return cls(build_options(cls.Options, values, f"drafter {name!r} ({role})"), target)
+
+
+def part_inputs(part: Drafter, hidden: Any, logits: torch.Tensor | None) -> dict[str, Any]:
+    """The keywords of ``part``'s ``begin``/``commit``: only the target outputs it declares."""
+    out: dict[str, Any] = {}
+    if getattr(part, "needs_target_hidden", False):
+        out["target_hidden"] = hidden
+    if getattr(part, "needs_target_logits", False):
+        out["target_logits"] = logits
+    return out
 
 
 #: The merge rules of the ``score`` option (see the module docstring).
@@ -121,7 +139,7 @@ class HybridDrafterOptions:
         require(isinstance(self.drafters, (list, tuple)) and len(self.drafters) >= 1, "drafters",
                 f"must be a non-empty list of drafter names or [name, {{options}}], got {self.drafters!r}")
         for entry in self.drafters:
-            _split(entry)
+            split_entry(entry)
         require(self.score in SCORES, "score", f"must be one of {', '.join(map(repr, SCORES))}, got {self.score!r}")
         require(math.isfinite(self.calibration_prior) and self.calibration_prior > 0, "calibration_prior",
                 f"must be a finite number > 0, got {self.calibration_prior!r}")
@@ -279,9 +297,7 @@ class HybridDrafter(Drafter):
 
     @staticmethod
     def _make_part(entry: Any, target: Any) -> Drafter:
-        name, values = _split(entry)
-        cls = get_registry().get("drafters", name)
-        return cls(build_options(cls.Options, values, f"drafter {name!r} (a part of 'hybrid')"), target)
+        return make_part(entry, target)
 
     # ------------------------------------------------------------------ life cycle
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None,
@@ -317,12 +333,7 @@ class HybridDrafter(Drafter):
 
     @staticmethod
     def _inputs(part: Drafter, hidden: Any, logits: torch.Tensor | None) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if getattr(part, "needs_target_hidden", False):
-            out["target_hidden"] = hidden
-        if getattr(part, "needs_target_logits", False):
-            out["target_logits"] = logits
-        return out
+        return part_inputs(part, hidden, logits)
 
     # ------------------------------------------------------------------ drafting
     def active_parts(self, tree: DraftTree, nodes: torch.Tensor) -> list[Drafter]:
@@ -419,6 +430,11 @@ def best_of_duplicates(ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     beats = same & finite[:, :, None] & (
         (values[:, :, None] > values[:, None, :]) | ((values[:, :, None] == values[:, None, :]) & earlier))
     return torch.where(beats.any(dim=1), -math.inf, values)
+
+
+def weakest_replay(values: list[str | None]) -> str:
+    """The weakest of several replay declarations (a composite replays as its weakest part)."""
+    return max(values, key=_replay_rank)
 
 
 def _replay_rank(value: str) -> int:
