@@ -107,6 +107,11 @@ def sample(once: Callable[[], float], floor: float = MIN_SAMPLE_SECONDS) -> floa
     return total / runs
 
 
+def tries_text(tries: int) -> str:
+    """A count of tries as the messages write it: ``"1 try"``, ``"3 tries"``."""
+    return f"{tries} try" if tries == 1 else f"{tries} tries"
+
+
 def percent(spread: float) -> str:
     """A spread as the messages write it: ``"23%"``."""
     return f"{100 * spread:.0f}%"
@@ -147,6 +152,6 @@ def until_quiet(measure: Callable[[], T], noise: Callable[[T], float], what: str
 def busy_line(what: str, spread: float, tries: int, uses: str, command: str) -> str:
     """The one warning line of a timing used uncached: what, its spread, what the run uses
     instead and the command that measures it on a quiet machine."""
-    return (f"{what} timed on a busy machine (its repetitions spread by {percent(spread)} in {tries} tries, "
+    return (f"{what} timed on a busy machine (its repetitions spread by {percent(spread)} in {tries_text(tries)}, "
             f"at most {percent(max_spread())} is trusted): this run uses {uses} and caches nothing; "
             f"to measure it when the machine is quiet: {command}")

@@ -416,7 +416,7 @@ def measure_trusted(target: Any, sizes: tuple[int, ...] = QUICK_SIZES, cache_len
     got = measure_until_quiet(target, sizes, cache_lens, reps, tries, budget=float("inf"))
     if not got.quiet:
         raise BusyMachineError(f"cost curve {got.value.key} not kept: the machine is busy (its repetitions spread by "
-                               f"{timing.percent(got.value.noise())} in {got.tries} tries, at most "
+                               f"{timing.percent(got.value.noise())} in {timing.tries_text(got.tries)}, at most "
                                f"{timing.percent(max_spread())} is trusted)", profile_hint(target.model))
     return got.value
 
