@@ -46,7 +46,7 @@ from specframe.interfaces import Drafter, wants_prompt_logits
 from specframe.options import require
 from specframe.search_space import tunable
 from specframe.selection import pad_top
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, drafted_paths
 
 from .hybrid import make_part, part_inputs, split_entry, weakest_replay
 from .sam_automaton import Automaton, Cursor, FrozenAutomaton, add_tokens, continuation, to_anc, transfer
@@ -249,16 +249,8 @@ class SamDrafter(Drafter):
             return None
         return [math.log(c / total) for c, _ in kids], [t for _, t in kids]
 
-    def _path(self, tree: DraftTree, node: int, parents: list[int], tokens: list[int]) -> tuple[int, ...]:
-        out: list[int] = []
-        while node > 0:
-            out.append(tokens[node])
-            node = parents[node]
-        return tuple(reversed(out))
-
     def _own_rows(self, tree: DraftTree, nodes: torch.Tensor) -> list[Ranked]:
-        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
-        return [self.ranked(self._path(tree, int(n), parents, tokens)) for n in torch.as_tensor(nodes).flatten().tolist()]
+        return [self.ranked(path) for path in drafted_paths(tree, nodes)]
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Log-probs ``[len(nodes), V]``: the auxiliary's on its steps, else the automata's rows."""

@@ -50,7 +50,7 @@ from specframe.interfaces import Drafter
 from specframe.options import require
 from specframe.search_space import tunable
 from specframe.selection import pad_top
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, drafted_paths
 
 from .datastore import Datastore, load
 from .suffix_cache import SuffixCache
@@ -298,17 +298,8 @@ class SuffixDrafter(Drafter):
         return torch.tensor([math.log(self.options.fallback_prob)]).tolist(), [tok]
 
     # ------------------------------------------------------------------ drafting
-    def path_of(self, tree: DraftTree, node: int, parents: list[int], tokens: list[int]) -> tuple[int, ...]:
-        """Drafted tokens root -> ``node`` (the root, the last committed token, excluded)."""
-        out: list[int] = []
-        while node > 0:
-            out.append(tokens[node])
-            node = parents[node]
-        return tuple(reversed(out))
-
     def _rows_for(self, tree: DraftTree, nodes: torch.Tensor) -> list[Ranked]:
-        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
-        return [self.ranked(self.path_of(tree, int(n), parents, tokens)) for n in torch.as_tensor(nodes).flatten().tolist()]
+        return [self.ranked(path) for path in drafted_paths(tree, nodes)]
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Log-probs ``[len(nodes), V]``, ``-inf`` outside each row's candidates."""

@@ -309,3 +309,17 @@ class DraftTree:
     def describe(self) -> str:
         """One-line shape summary, e.g. ``size=60 depth=7 widths=[1, 10, 14, ...]``."""
         return f"size={len(self)} depth={self.max_depth} widths={self.width_per_depth()}"
+
+
+def drafted_paths(tree: DraftTree, nodes: torch.Tensor | list[int]) -> list[tuple[int, ...]]:
+    """The drafted tokens root -> each of ``nodes`` (the root, the last committed token,
+    excluded), read once from the tree for a host-side drafter's lookups."""
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    out = []
+    for node in torch.as_tensor(nodes).flatten().tolist():
+        path: list[int] = []
+        while node > 0:
+            path.append(tokens[node])
+            node = parents[node]
+        out.append(tuple(reversed(path)))
+    return out
