@@ -105,7 +105,8 @@ def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, pro
 #: Step shapes of one-sequence decoding, every built-in policy x drafter, as the engine decided
 #: them before its step served batches too (scripts/record_b1_steps.py, at commit b6413b4; the
 #: medusa drafter's pairs, which came later, by the engine of commit b1e7801; the suffix drafter's,
-#: since it follows SuffixDecoding's reference, at commit a9c1b19).
+#: since it follows SuffixDecoding's reference, at commit a9c1b19; the lookahead drafter's, by the
+#: engine that added side rows, whose recording left every earlier pair as it was).
 B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
 
 
