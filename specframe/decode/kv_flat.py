@@ -21,13 +21,13 @@ from typing import Any, Sequence
 import torch
 
 from specframe.decode.kv_padded import BatchKV, widen_columns
-from specframe.decode.side_rows import prefix_visibility, top_offset, tree_size
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 
 def flat_visibility(lengths: Sequence[int], starts: Sequence[int], width: int,
-                    trees: Sequence[Any]) -> torch.Tensor:
+                    trees: Sequence[DraftTree | Block]) -> torch.Tensor:
     """Bool ``[sum n_b, width + sum n_b]``: what each node of the concatenated trees may attend
     to. Node i of row b sees its segment's prefix (columns ``[starts[b], starts[b] +
     lengths[b])`` of the ``width`` cache columns; the rest of the cache is other rows' or stale)
@@ -130,7 +130,7 @@ class FlatKV(BatchKV):
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[Any], hidden: bool = False) -> Any:
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
         """All rows' trees in ONE forward of ``[1, sum n_b]`` tokens (no padding): row b's node
         sees its segment's prefix and its ancestors. Logits ``[1, sum n_b, V]``; :meth:`rows_of`
         splits any output per row. A tree may be a :class:`~specframe.decode.side_rows.Block`,

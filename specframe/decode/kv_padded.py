@@ -15,12 +15,12 @@ from typing import Any, Sequence
 
 import torch
 
-from specframe.decode.side_rows import prefix_visibility, top_offset, tree_size
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 
-def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[Any]) -> torch.Tensor:
+def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[DraftTree | Block]) -> torch.Tensor:
     """Bool ``[B, n_max, width + n_max]``: what node ``i`` of row ``b``'s tree may attend to.
 
     Its row's valid prefix (columns ``< lengths[b]``; the rest of the ``width`` cache columns
@@ -187,7 +187,7 @@ class BatchKV:
         return out
 
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[Any], hidden: bool = False) -> Any:
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
         """All rows' trees in ONE forward: ``[B, n_max]`` tokens, per-row positions, 4D mask.
 
         Row ``b``'s node ``i`` sees its row's prefix (``lengths[b]`` columns) and its ancestors;

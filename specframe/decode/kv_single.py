@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specframe.decode.side_rows import prefix_visibility, top_offset, tree_size
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -57,7 +57,7 @@ class SingleKV:
         raise ValueError("the one-sequence layout cannot take more sequences: use a batch layout")
 
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[Any], hidden: bool = False) -> Any:
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
         """The tree (or a :class:`~specframe.decode.side_rows.Block`: the tree and its side rows)
         on top of the prefix; the largest position is known here, so none is read."""
         (tree,) = trees
