@@ -38,6 +38,10 @@ def register_drafters(register):
 
     register(MedusaDrafter)
 
+    from .lookahead import LookaheadDrafter
+
+    register(LookaheadDrafter)
+
 
 @hookimpl
 def register_commands(cli):

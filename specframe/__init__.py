@@ -27,7 +27,7 @@ _EXPORTS = {
     "register_plugin": "plugins",
     "TargetModel": "models.target", "UnsupportedModelError": "models.target", "load_causal_lm": "models.target",
     "load_tokenizer": "models.tokenizer",
-    "DraftTree": "tree", "InvalidTreeError": "tree",
+    "DraftTree": "tree", "InvalidTreeError": "tree", "SideRows": "interfaces", "SideOutput": "interfaces",
     "top_indices": "selection", "topk_per_row": "selection",
     # the policy author's toolkit (docs/auto-sizing.md, docs/tutorial-policy.md)
     "AutoBudgetOptions": "sizing", "AutoSizedPolicy": "sizing", "AutoSizer": "sizing", "Growth": "sizing",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -82,6 +82,11 @@ class Drafter(ABC):
     #: float rounding) to ``drafter.expand(tree, nodes)`` when ``k`` is None, else to
     #: ``drafter.expand_top(tree, nodes, k)``. None (default): each row's drafter is called alone.
     expand_batch: ClassVar[Any] = None
+    #: The most side rows :meth:`side_rows` ever returns (it sizes the cache a generation
+    #: reserves); 0 (default): the drafter adds none and :meth:`side_rows` is never called.
+    #: A drafter that sets it also takes ``side=`` in ``commit`` (:class:`SideOutput`,
+    #: or None on a step it added none). May be set on the instance (from an option).
+    max_side_rows: ClassVar[int] = 0
 
     def __init__(self, options: Any, target: "TargetModel") -> None:
         self.options = options
@@ -150,6 +155,16 @@ class Drafter(ABC):
         A drafter with ``needs_target_logits`` also takes ``target_logits=``: the verifier's
         ``[len(tree), V]`` logits (row i: the target's prediction after node i), on the device.
         """
+
+    def side_rows(self, context_len: int, max_position: int) -> "SideRows | None":
+        """Tokens to add to this step's target forward beside the draft tree, or None (docs/hooks.md,
+        "Side rows"). Called once per step, after the policy built the tree, on drafters with
+        ``max_side_rows``; ``context_len``: committed tokens, root included (the root sits at
+        position ``context_len - 1``); ``max_position``: the largest position the target holds.
+        The target's outputs at the rows come back with the verdict: ``commit(..., side=...)``.
+        Side rows are never verified, committed or counted as accepted.
+        """
+        return None
 
     def set_clock(self, clock: Callable[[], float]) -> None:
         """Read ``clock`` (seconds) instead of the wall clock from now on. Only drafters with
@@ -351,6 +366,56 @@ class Verifier(ABC):
         (``tests/test_root_tokens.py`` checks the built-ins against :meth:`verify`).
         """
         return None
+
+
+@dataclass
+class SideRows:
+    """The side rows a drafter adds to one step's target forward (:meth:`Drafter.side_rows`).
+
+    The engine appends them after the tree in the step's one target forward: tree nodes never
+    see them (the verdict is the tree's alone), they are never verified, committed or counted
+    as accepted, their cache entries go with the rejected nodes', and the target's argmax at
+    them rides in the step's one host read to ``commit(..., side=SideOutput)``.
+    The tokens, offsets and prefixes are host lists (the drafter's own data), so the engine
+    checks them without reading the device.
+
+    Attributes:
+        tokens: ``S`` token ids.
+        offsets: ``S`` positions relative to the step's root: a row at offset ``k`` sits at the
+            root's position plus ``k`` (the committed prefix of ``L`` tokens, root included,
+            holds positions ``0 .. L - 1``).
+        visible: ``[S, S]`` bool tensor, ``visible[i, j]``: side row ``i`` attends to side row
+            ``j``. The diagonal is implied (a row always sees itself).
+        prefix: ``S`` counts of committed tokens each row sees (the first ``prefix[i]`` of the
+            ``L``, root included: ``L`` means all of them, the root too); None (default): all.
+        logits: also hand the drafter the target's ``[S, V]`` logits at the rows (on the
+            device, never read back); the argmax comes either way.
+    """
+
+    tokens: Sequence[int]
+    offsets: Sequence[int]
+    visible: torch.Tensor
+    prefix: Sequence[int] | None = None
+    logits: bool = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class SideOutput:
+    """What the target made of a step's side rows, given to ``commit(..., side=...)``.
+
+    Attributes:
+        rows: the :class:`SideRows` the drafter returned for the step.
+        argmax: the target's greedy prediction after each side row (a host list, read with the
+            step's verdict in its one transfer).
+        logits: ``[S, V]`` logits at the rows when ``rows.logits`` asked for them, else None.
+    """
+
+    rows: SideRows
+    argmax: list[int]
+    logits: torch.Tensor | None = None
 
 
 @dataclass

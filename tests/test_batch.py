@@ -106,7 +106,9 @@ def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, pro
 #: them before its step served batches too (scripts/record_b1_steps.py, at commit b6413b4; the
 #: medusa drafter's pairs, which came later, by the engine of commit b1e7801; the suffix drafter's,
 #: since it follows SuffixDecoding's reference, at commit a9c1b19; the sam drafter's, added to the
-#: file by the same script's record() restricted to it, on the engine of branch i68-sam).
+#: file by the same script's record() restricted to it, on the engine of branch i68-sam; the
+#: lookahead drafter's, by the engine that added side rows, whose recording left every earlier
+#: pair as it was).
 B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
 
 

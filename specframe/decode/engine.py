@@ -24,6 +24,7 @@ from specframe.options import build_options
 from specframe.plugins import SINGULAR, get_registry
 from specframe.decode.kv_single import SingleKV
 from specframe.decode.read import StepRead, pack_step, packed_size, unpack_step
+from specframe.decode.side_rows import SideStep
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -233,7 +234,7 @@ class SpecDecoder:
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
         start = time.perf_counter()
         out = GenerationOutput(tokens=[])
-        kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget)
+        kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget + getattr(self.drafter, "max_side_rows", 0))
         row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step, score)
         rows = self.begin_rows(kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter)),
                                [row], [prompt])
@@ -301,19 +302,20 @@ class SpecDecoder:
         in one forward (:mod:`specframe.decode.lockstep`).
         """
         trees, sessions, limits, policy_times = self._build(rows, allocator, lockstep)
+        side = SideStep(rows, self.max_positions, self.target.vocab_size)  # the drafters' side rows, if any
         # A row switched off (limit 1) holds the root the engine made itself: nothing to check.
         flags = [None if lim <= 1 else tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
                  for r, t, lim in zip(rows, trees, limits)]
         t1 = time.perf_counter()
         tree_start = kv.width
-        out = kv.tree_forward(trees, hidden=self._needs_hidden)
+        out = side.forward(kv, trees, self._needs_hidden)
         logits = kv.rows_of(out.logits)
         hiddens = kv.hidden_rows(out) if self._needs_hidden else [None] * len(rows)
         t2 = time.perf_counter()
-        reads = self._verify_and_read(rows, trees, limits, flags, logits, verifier)
+        reads = self._verify_and_read(rows, trees, limits, flags, logits, verifier, side, side.take(kv, out.logits))
         t3 = time.perf_counter()
         paths, counts = [], []
-        for row, tree, read, hidden, row_logits in zip(rows, trees, reads, hiddens, logits):
+        for b, (row, tree, read, hidden, row_logits) in enumerate(zip(rows, trees, reads, hiddens, logits)):
             emitted = cut_output(read.tokens, max_new - len(row.out.tokens), eos)
             finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
                 or any(t in eos for t in emitted)
@@ -321,7 +323,7 @@ class SpecDecoder:
             # Every step commits, the last too (a drafter that learns from verifications sees
             # them all), with the verifier's whole decision even where the output was cut.
             row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
-                               **logits_keyword(row.drafter, row_logits))
+                               **logits_keyword(row.drafter, row_logits), **side.keyword(b, row.drafter))
             counts.append(len(emitted))
             if row.score:
                 row.nll_sum = negative_log_likelihood(row_logits, read.path, read.tokens, len(emitted)) + row.nll_sum
@@ -385,9 +387,11 @@ class SpecDecoder:
         return trees, sessions, limits, policy_times
 
     def _verify_and_read(self, rows: list[Row], trees: list[DraftTree], limits: list[int], flags: list,
-                         logits: list[torch.Tensor], verifier: Verifier) -> list[StepRead]:
+                         logits: list[torch.Tensor], verifier: Verifier, side: SideStep,
+                         side_records: list[torch.Tensor]) -> list[StepRead]:
         """Verify every row (the one place a step's verdict is decided), then read all verdicts
-        in ONE device-to-host transfer; an invalid tree is refused naming its policy.
+        (and ``side_records``, the side rows' argmax, handed to ``side``) in ONE device-to-host
+        transfer; an invalid tree is refused naming its policy.
 
         The rows switched off (their root alone) are answered together by the verifier's
         :meth:`~specframe.Verifier.root_tokens` where it has one, so a step in which no row
@@ -417,7 +421,9 @@ class SpecDecoder:
             paths.append(path)
         if batched:
             records.append(bonus.reshape(-1).long())
+        records += side_records
         flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
+        flat = side.give(flat)  # the side argmax ride at the end
         roots = iter(flat[len(flat) - len(batched):])
         reads, at, path_of = [], 0, iter(paths)
         for b, (row, tree, limit) in enumerate(zip(rows, trees, limits)):

@@ -21,22 +21,26 @@ from typing import Any, Sequence
 import torch
 
 from specframe.decode.kv_padded import BatchKV, widen_columns
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 
 def flat_visibility(lengths: Sequence[int], starts: Sequence[int], width: int,
-                    trees: Sequence[DraftTree]) -> torch.Tensor:
+                    trees: Sequence[DraftTree | Block]) -> torch.Tensor:
     """Bool ``[sum n_b, width + sum n_b]``: what each node of the concatenated trees may attend
     to. Node i of row b sees its segment's prefix (columns ``[starts[b], starts[b] +
     lengths[b])`` of the ``width`` cache columns; the rest of the cache is other rows' or stale)
-    and its ancestors and itself among its own tree's columns."""
+    and its ancestors and itself among its own tree's columns. A tree may be a
+    :class:`~specframe.decode.side_rows.Block` (side rows after its nodes, each seeing the prefix
+    columns its ``prefix`` names)."""
     sizes = [len(tree) for tree in trees]
     total = sum(sizes)
     visible = torch.zeros(total, width + total, dtype=torch.bool, device=trees[0].device)
     at = 0
     for tree, length, start, n in zip(trees, lengths, starts, sizes):
-        visible[at : at + n, start : start + length] = True
+        seen = prefix_visibility(tree, length, length)
+        visible[at : at + n, start : start + length] = True if seen is None else seen
         visible[at : at + n, width + at : width + at + n] = tree.ancestor_mask()
         at += n
     return visible
@@ -60,6 +64,7 @@ class FlatKV(BatchKV):
         self.free: list[int] = []
         self._count = 0  # segments allocated (live or free)
         self._spans: list[tuple[int, int]] = []  # the last forward's (first node, nodes) per row
+        self._side_spans: list[tuple[int, int]] = []  # and (first side row, side rows)
 
     # ------------------------------------------------------------------ rows in and out
     @torch.inference_mode()
@@ -125,10 +130,11 @@ class FlatKV(BatchKV):
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[DraftTree], hidden: bool = False) -> Any:
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
         """All rows' trees in ONE forward of ``[1, sum n_b]`` tokens (no padding): row b's node
         sees its segment's prefix and its ancestors. Logits ``[1, sum n_b, V]``; :meth:`rows_of`
-        splits any output per row."""
+        splits any output per row. A tree may be a :class:`~specframe.decode.side_rows.Block`,
+        its side rows after its nodes (:meth:`side_rows_of` splits those)."""
         width, device = self.width, self.target.device
         sizes = [len(tree) for tree in trees]
         visible = flat_visibility(self.lengths, [s * self.capacity for s in self.segments], width, trees)
@@ -136,8 +142,9 @@ class FlatKV(BatchKV):
         # The prefix holds length = L - 1 entries; the root sits at position L - 1.
         positions = torch.cat([tree.positions(length + 1).to(device) for tree, length in zip(trees, self.lengths)])
         starts = [sum(sizes[:b]) for b in range(len(sizes))]
-        spans = list(zip(starts, sizes))
-        top = max(length + n - 1 for length, n in zip(self.lengths, sizes))
+        spans = [(at, tree_size(tree)) for at, tree in zip(starts, trees)]
+        self._side_spans = [(at + n, size - n) for (at, n), size in zip(spans, sizes)]
+        top = max(length + top_offset(tree) for length, tree in zip(self.lengths, trees))
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
         self._spans, self.last_rows = spans, sum(sizes)
@@ -146,6 +153,10 @@ class FlatKV(BatchKV):
     def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Row b's ``[n_b, ...]`` slice of an output of the last :meth:`tree_forward`."""
         return [tensor[0, at : at + n] for at, n in self._spans]
+
+    def side_rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Row b's side rows (after its tree) of an output of the last :meth:`tree_forward`."""
+        return [tensor[0, at : at + n] for at, n in self._side_spans]
 
     @torch.inference_mode()
     def keep(self, paths: Sequence[torch.Tensor | None], tree_start: int,

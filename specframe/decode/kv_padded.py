@@ -15,16 +15,19 @@ from typing import Any, Sequence
 
 import torch
 
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 
-def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[DraftTree]) -> torch.Tensor:
+def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[DraftTree | Block]) -> torch.Tensor:
     """Bool ``[B, n_max, width + n_max]``: what node ``i`` of row ``b``'s tree may attend to.
 
     Its row's valid prefix (columns ``< lengths[b]``; the rest of the ``width`` cache columns
     are stale), and its ancestors and itself among the packed tree columns; a padding node
-    (``i >= len(trees[b])``) sees only itself, so no softmax row is empty.
+    (``i >= len(trees[b])``) sees only itself, so no softmax row is empty. A tree may be a
+    :class:`~specframe.decode.side_rows.Block` (its side rows after its nodes, each seeing the
+    prefix columns its ``prefix`` names).
     """
     n_max = max(len(tree) for tree in trees)
     device = trees[0].device
@@ -32,7 +35,11 @@ def packed_visibility(lengths: Sequence[int], width: int, trees: Sequence[DraftT
     visible[:, :, width:] = torch.eye(n_max, dtype=torch.bool, device=device)
     for b, tree in enumerate(trees):
         n = len(tree)
-        visible[b, :n, : lengths[b]] = True
+        seen = prefix_visibility(tree, lengths[b], width)
+        if seen is None:
+            visible[b, :n, : lengths[b]] = True
+        else:
+            visible[b, :n, :width] = seen
         visible[b, :n, width : width + n] = tree.ancestor_mask()
     return visible
 
@@ -51,6 +58,7 @@ class BatchKV:
         self.lengths: list[int] = []
         self.last_rows = 0  # the rows (tokens) the last tree forward computed
         self._sizes: list[int] = []
+        self._ends: list[int] = []  # each row's tree and side rows
 
     @property
     def width(self) -> int:
@@ -179,15 +187,17 @@ class BatchKV:
         return out
 
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[DraftTree], hidden: bool = False) -> Any:
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
         """All rows' trees in ONE forward: ``[B, n_max]`` tokens, per-row positions, 4D mask.
 
         Row ``b``'s node ``i`` sees its row's prefix (``lengths[b]`` columns) and its ancestors;
         padding nodes see only themselves. Logits ``[B, n_max, V]``: row b's first ``len(trees[b])``.
+        A tree may be a :class:`~specframe.decode.side_rows.Block`, its side rows after its nodes.
         """
         rows, width = len(trees), self.width
         n_max = max(len(tree) for tree in trees)
-        self._sizes, self.last_rows = [len(tree) for tree in trees], rows * n_max
+        self._sizes, self.last_rows = [tree_size(tree) for tree in trees], rows * n_max
+        self._ends = [len(tree) for tree in trees]
         device = self.target.device
         tokens = torch.zeros(rows, n_max, dtype=torch.long, device=device)
         positions = torch.zeros(rows, n_max, dtype=torch.long, device=device)
@@ -198,7 +208,7 @@ class BatchKV:
             # The prefix holds length = L - 1 entries; the root sits at position L - 1.
             positions[b, :n] = tree.positions(length + 1)
             positions[b, n:] = length
-        top = max(length + len(tree) - 1 for length, tree in zip(self.lengths, trees))
+        top = max(length + top_offset(tree) for length, tree in zip(self.lengths, trees))
         if top >= self.target.max_positions:
             raise ValueError(f"position {top} is beyond the model's {self.target.max_positions} positions")
         return self._forward(tokens, positions, visible, hidden)
@@ -206,6 +216,10 @@ class BatchKV:
     def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Row b's ``[n_b, ...]`` slice of an output of the last :meth:`tree_forward`."""
         return [tensor[b, :n] for b, n in enumerate(self._sizes)]
+
+    def side_rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Row b's side rows (after its tree) of an output of the last :meth:`tree_forward`."""
+        return [tensor[b, n:end] for b, (n, end) in enumerate(zip(self._sizes, self._ends))]
 
     def hidden_rows(self, out: Any) -> list[tuple[torch.Tensor, ...]]:
         """Row b's hidden states of the last :meth:`tree_forward`, ``[1, n_b, H]`` per layer."""

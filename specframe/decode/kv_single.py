@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specframe.decode.side_rows import Block, prefix_visibility, top_offset, tree_size
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
@@ -56,18 +57,27 @@ class SingleKV:
         raise ValueError("the one-sequence layout cannot take more sequences: use a batch layout")
 
     @torch.inference_mode()
-    def tree_forward(self, trees: Sequence[DraftTree], hidden: bool = False) -> Any:
-        """The tree on top of the prefix; the largest position is known here, so none is read."""
+    def tree_forward(self, trees: Sequence[DraftTree | Block], hidden: bool = False) -> Any:
+        """The tree (or a :class:`~specframe.decode.side_rows.Block`: the tree and its side rows)
+        on top of the prefix; the largest position is known here, so none is read."""
         (tree,) = trees
-        length, n = self.lengths[0], len(tree)
-        self._size, self.last_rows = n, n
+        length = self.lengths[0]
+        self._size, self.last_rows = tree_size(tree), len(tree)
+        mask = tree.ancestor_mask()
+        seen = prefix_visibility(tree, length, length)
+        if seen is not None:  # side rows that see less than the whole prefix mask its columns
+            mask = torch.cat([seen, mask], dim=1)
         # The prefix holds length = L - 1 entries; the root sits at position L - 1.
-        return self.target.tree_forward(tree.tokens, tree.positions(length + 1), tree.ancestor_mask(),
-                                         output_hidden_states=hidden, max_position=length + n - 1)
+        return self.target.tree_forward(tree.tokens, tree.positions(length + 1), mask,
+                                         output_hidden_states=hidden, max_position=length + top_offset(tree))
 
     def rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """The sequence's ``[n, ...]`` rows of an output of the last :meth:`tree_forward`."""
+        """The sequence's ``[n, ...]`` tree rows of an output of the last :meth:`tree_forward`."""
         return [tensor[0, : self._size]]
+
+    def side_rows_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """The sequence's side rows (after its tree) of an output of the last :meth:`tree_forward`."""
+        return [tensor[0, self._size : self.last_rows]]
 
     def hidden_rows(self, out: Any) -> list[Any]:
         """The forward's hidden states as the drafter takes them (``[1, n, H]`` per layer)."""

@@ -70,12 +70,15 @@ def _counted(fn: Any, counter: HostReadCounter, hidden_from: HostReadCounter | N
 
 def count_step_reads(decoder: Any, prompt: list[int], max_new_tokens: int) -> dict[str, float]:
     """Generate once and return the host reads made over all steps: ``policy``
-    (``policy.build``, the drafter's ``expand`` included), ``commit`` (``drafter.commit``) and
+    (``policy.build``, the drafter's ``expand`` included), ``commit`` (``drafter.commit`` and
+    ``drafter.side_rows``) and
     ``engine`` (the rest of the step, verifier included), plus ``steps`` and ``delta``.
     Patches ``decoder``'s instances in place."""
     engine, build, commit = HostReadCounter(), HostReadCounter(), HostReadCounter()
     decoder.policy.build = _counted(decoder.policy.build, build, engine)
     decoder.drafter.commit = _counted(decoder.drafter.commit, commit, engine)
+    # Side rows are the drafter's host data: its hook counts as its own, like commit.
+    decoder.drafter.side_rows = _counted(decoder.drafter.side_rows, commit, engine)
     decoder._step = _counted(decoder._step, engine)
     out = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_id=None)
     return {"steps": len(out.steps), "delta": out.delta, "policy": build.total, "commit": commit.total,
