@@ -138,7 +138,16 @@ def test_a_measured_curve_keeps_its_spread_and_where_and_when(cache):
 def test_relative_spread_is_the_interquartile_range_over_the_median():
     assert profile.relative_spread([1.0]) == 0.0
     assert profile.relative_spread([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
-    assert profile.relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0) / 3.0)
+    assert profile.relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0 - 0.001) / 3.0)
+
+
+def test_a_spread_finer_than_a_millisecond_is_not_counted_and_a_busy_tiny_forward_still_is():
+    """A quiet tiny-target curve (forwards of 4-12 ms at 2 threads) spreads by a few hundred
+    microseconds, which no reader of a curve resolves; a concurrent job spreads it by its length."""
+    quiet = [0.0040, 0.0046, 0.0052, 0.0058, 0.0049, 0.0041, 0.0056, 0.0050, 0.0044]
+    assert profile.relative_spread(quiet) == 0.0  # 16% by the interquartile range alone
+    busy = [0.004, 0.008, 0.005, 0.011, 0.004, 0.009, 0.006, 0.012, 0.007]
+    assert profile.relative_spread(busy) > profile.MAX_SPREAD
 
 
 def _noisy(spreads):
