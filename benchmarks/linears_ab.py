@@ -12,8 +12,9 @@ read what bf16 linears gain, this script runs the experiment file twice, ``[targ
         [--exact file|on|off|both]
 
 ``--exact``: ``file`` (default) keeps the file's ``[target] exact``; ``on`` / ``off`` set it for
-both runs; ``both`` adds two runs, ``DIR/float32-exact`` and ``DIR/bf16-exact``, with the exact
-forward (:mod:`specframe.models.exact`), all four taking turns.
+both runs; ``both`` runs ``DIR/float32`` and ``DIR/bf16`` with the exact forward off, whatever
+the file says, and adds two runs, ``DIR/float32-exact`` and ``DIR/bf16-exact``, with it on
+(:mod:`specframe.models.exact`), all four taking turns.
 
 How the two runs are interleaved: the question limit grows a chunk (``--chunk K``, default 1)
 at a time, and for each chunk both runs answer their new questions, the run going first
@@ -103,6 +104,15 @@ class HeldExperiment(Experiment):
         cold = [arm for arm in arms if arm.name not in self._warm]
         super().warm_up(cold, runners, encoder, q, eos)
         self._warm.update(arm.name for arm in cold)
+
+
+def with_exact(config: ExperimentConfig, mode: str) -> ExperimentConfig:
+    """``config`` with ``[target] exact`` as ``--exact`` says: ``file`` keeps it, ``on``/``off``
+    set it, ``both`` turns it off (the runs without the ``-exact`` suffix are the stock forward,
+    even where the file turns it on, as examples/demo.toml does)."""
+    if mode == "file":
+        return config
+    return dataclasses.replace(config, target=dataclasses.replace(config.target, exact=mode == "on"))
 
 
 def variant(config: ExperimentConfig, name: str, limit: int) -> ExperimentConfig:
@@ -261,8 +271,7 @@ def main(argv: list[str] | None = None) -> str:
                         help="the exact forward: as the file says, on or off for both runs, or both (four runs)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    if args.exact in ("on", "off"):
-        config = dataclasses.replace(config, target=dataclasses.replace(config.target, exact=args.exact == "on"))
+    config = with_exact(config, args.exact)
     config = dataclasses.replace(config, max_new_tokens=args.max_new_tokens or config.max_new_tokens,
                                  threads=args.threads or config.threads)
     if args.arms:

@@ -99,3 +99,24 @@ def test_linears_ab_resumes_at_the_questions_a_run_already_has():
     assert linears_ab.chunk_limits(0, 5, 2) == [2, 4, 5]
     assert linears_ab.chunk_limits(3, 7, 2) == [3, 5, 7]  # a run may lag at 3 after a crash
     assert linears_ab.chunk_limits(4, 4, 1) == [4]
+
+
+def test_linears_ab_exact_both_runs_the_stock_forward_beside_the_exact_one():
+    """``--exact both`` on a file that turns the exact forward on (examples/demo.toml does) still
+    runs its unsuffixed runs with the stock forward: otherwise all four runs are exact and the
+    A/B compares nothing (it once did)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import linears_ab
+    finally:
+        sys.path.pop(0)
+    from specframe.experiments.config import load_config
+
+    demo = load_config(ROOT / "examples" / "demo.toml")
+    assert demo.target.exact
+    both = linears_ab.with_exact(demo, "both")
+    runs = {name: linears_ab.variant(both, name, 7).target for name in linears_ab.variants("both")}
+    assert {name: (t.linears, t.exact) for name, t in runs.items()} == {
+        "float32": ("float32", False), "bf16": ("bf16", False),
+        "float32-exact": ("float32", True), "bf16-exact": ("bf16", True)}
+    assert linears_ab.with_exact(demo, "file").target.exact and not linears_ab.with_exact(demo, "off").target.exact
