@@ -7,9 +7,9 @@ acceptance or draft count shows up as a diff against it. Uses only names every v
 engine exports (``specframe.SpecDecoder``, ``specframe.TargetModel``, the testing fixtures).
 
     python scripts/record_b1_steps.py tests/data/b1_steps.json
-    python scripts/record_b1_steps.py tests/data/b1_steps.json --only layerskip   # add one drafter's pairs
+    python scripts/record_b1_steps.py tests/data/b1_steps.json --only layerskip   # add one plugin's pairs
 
-``--only NAME`` records the pairs of drafter NAME alone and adds them to the existing file,
+``--only NAME`` records the pairs of policy or drafter NAME alone and adds them to the existing file,
 leaving every earlier pair as it was.
 """
 
@@ -52,11 +52,12 @@ def builtin_names(kind: str) -> list[str]:
 
 
 def record(only: str | None = None) -> dict:
-    """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]`` (drafter ``only`` alone if given)."""
+    """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]`` (only the pairs of the policy or
+    drafter named ``only``, if given)."""
     out = {}
     for policy in builtin_names("policies"):
         for drafter in builtin_names("drafters"):
-            if only is not None and drafter != only:
+            if only is not None and only not in (policy, drafter):
                 continue
             runs = []
             for prompt in PROMPTS:
@@ -80,7 +81,7 @@ if __name__ == "__main__":
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         added = record(only)
-        assert not set(added) & set(data["runs"]), f"pairs of {only} are already recorded"
+        added = {pair: runs for pair, runs in added.items() if pair not in data["runs"]}  # earlier pairs stay
         data["runs"] = dict(sorted({**data["runs"], **added}.items()))
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=None)
