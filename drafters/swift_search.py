@@ -117,7 +117,11 @@ class SwiftSearch:
 
     def _study_now(self) -> Any:
         if self._study is None:
-            import optuna
+            try:
+                import optuna
+            except ImportError as err:
+                raise ImportError("drafter 'layerskip' with search = 'swift': its Bayesian step uses Optuna; "
+                                  "pip install 'specframe[tune]', or set swift_bayes = false") from err
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             sampler = optuna.samplers.TPESampler(seed=self.settings.seed)

@@ -84,7 +84,10 @@ class SwiftTreePolicy(TreePolicy):
             tree = tree.add_nodes(torch.tensor([node]), tokens[0, :1], tree.logp[node] + values[0, :1], ranks[0, :1])
             node = len(tree) - 1
         probs = [float(row[1][0].exp()) for row in rows]
-        kept = sorted(choices_list(probs, self.options.sampling), key=lambda x: (len(x), x))[: budget - 1]
+        # Children the drafter gives no probability are no candidates (a row with few finite entries).
+        possible = [path for path in choices_list(probs, self.options.sampling)
+                    if path[-1] < len(rows[len(path) - 1][1]) and bool(torch.isfinite(rows[len(path) - 1][1][path[-1]]))]
+        kept = sorted(possible, key=lambda x: (len(x), x))[: budget - 1]
         return _siblings(tree, rows, kept)
 
 
@@ -96,8 +99,7 @@ def _siblings(tree: DraftTree, rows: list, kept: list[list[int]]) -> DraftTree:
         if parent >= len(chain):
             break
         has_top1 = len(chain) > idx + 1  # the chain went on through this row's top-1 child
-        extra = [path[-1] for path in kept if len(path) == idx + 1 and (path[-1] > 0 or not has_top1)
-                 and bool(torch.isfinite(values[path[-1]]))]
+        extra = [path[-1] for path in kept if len(path) == idx + 1 and (path[-1] > 0 or not has_top1)]
         if not extra:
             continue
         pick = torch.tensor(extra)

@@ -147,3 +147,25 @@ def test_presets_and_random_sets():
 def test_bad_options_are_named(options, word):
     with pytest.raises(OptionError, match=word):
         make_plugin("drafters", ("layerskip", options), TargetModel(fx.tiny_target()))
+
+
+@pytest.mark.parametrize("options", [{"preset": "odd"}, {"exit_layer": 2},
+                                     {"search": "swift", "swift_context_window": 4, "swift_bayes": False}])
+def test_replay_equals_live_per_step(deep, options):
+    """A replayed target has no cache: the drafter keeps its own context KV and drafts the trees
+    the live run drafted (the same tokens, sizes and acceptances on every step)."""
+    from specframe.options import NoOptions
+    from specframe.replay import ReplayTarget, ReplayVerifier, Trace
+    from specframe.replay.trace import PromptTrace
+
+    prompt, max_new = [5, 17, 9, 33, 2, 40], 20
+    live = specframe.SpecDecoder.build(TargetModel(deep), drafter=("layerskip", options), policy="talon",
+                                       verifier="greedy").generate(prompt, max_new_tokens=max_new, eos_token_id=None)
+    trace = Trace({}, {}, {"p": PromptTrace("p", prompt, greedy_reference(deep, prompt, max_new + 8, None), max_new)})
+    target = ReplayTarget(deep, trace)
+    target.use(prompt)
+    dec = specframe.SpecDecoder(target, make_plugin("drafters", ("layerskip", options), target),
+                                make_plugin("policies", "talon"), ReplayVerifier(NoOptions()))
+    replay = dec.generate(prompt, max_new_tokens=max_new, eos_token_id=None)
+    assert replay.tokens == live.tokens
+    assert [(s.tree_size, s.accepted) for s in replay.steps] == [(s.tree_size, s.accepted) for s in live.steps]
