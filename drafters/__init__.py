@@ -42,6 +42,10 @@ def register_drafters(register):
 
     register(LookaheadDrafter)
 
+    from .layerskip import LayerSkipDrafter
+
+    register(LayerSkipDrafter)
+
 
 @hookimpl
 def register_commands(cli):

@@ -7,6 +7,10 @@ acceptance or draft count shows up as a diff against it. Uses only names every v
 engine exports (``specframe.SpecDecoder``, ``specframe.TargetModel``, the testing fixtures).
 
     python scripts/record_b1_steps.py tests/data/b1_steps.json
+    python scripts/record_b1_steps.py tests/data/b1_steps.json --only layerskip   # add one plugin's pairs
+
+``--only NAME`` records the pairs of policy or drafter NAME alone and adds them to the existing file,
+leaving every earlier pair as it was.
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ def builtin_names(kind: str) -> list[str]:
     return sorted(info.name for info in specframe.get_registry().infos(kind) if info.dist == BUILTIN_DIST)
 
 
-def record() -> dict:
-    """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]``."""
+def record(only: str | None = None) -> dict:
+    """``"policy x drafter" -> [per prompt: {"tokens", "steps"}]`` (only the pairs of the policy or
+    drafter named ``only``, if given)."""
     out = {}
     for policy in builtin_names("policies"):
         for drafter in builtin_names("drafters"):
+            if only is not None and only not in (policy, drafter):
+                continue
             runs = []
             for prompt in PROMPTS:
                 target = specframe.TargetModel(tiny_target())
@@ -66,7 +73,21 @@ def record() -> dict:
 
 
 if __name__ == "__main__":
-    path = sys.argv[1] if len(sys.argv) > 1 else "tests/data/b1_steps.json"
+    args = sys.argv[1:]
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    args = [a for i, a in enumerate(args) if a != "--only" and (i == 0 or args[i - 1] != "--only")]
+    path = args[0] if args else "tests/data/b1_steps.json"
+    if only is not None:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        added = record(only)
+        added = {pair: runs for pair, runs in added.items() if pair not in data["runs"]}  # earlier pairs stay
+        data["runs"] = dict(sorted({**data["runs"], **added}.items()))
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=None)
+            fh.write("\n")
+        print(f"added {len(added)} pairs of {only} to {path}")
+        sys.exit(0)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"prompts": PROMPTS, "max_new_tokens": MAX_NEW, "eos": EOS, "runs": record()}, fh, indent=None)
         fh.write("\n")

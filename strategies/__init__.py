@@ -19,6 +19,10 @@ def register_tree_policies(register):
         register(policy)
     register(SampledTreePolicy)
 
+    from .swift import SwiftTreePolicy
+
+    register(SwiftTreePolicy)
+
 
 @hookimpl
 def register_batch_allocators(register):

@@ -41,7 +41,9 @@ class ChainOptions:
         max_gamma: upper bound of gamma under the heuristic schedule and ``gamma="auto"``.
         confidence_stop: stop drafting after a token whose draft probability is below
             ``confidence_threshold`` (that token is still kept), as HF's
-            ``assistant_confidence_threshold``.
+            ``assistant_confidence_threshold``. Without it, a drafter that carries its own
+            threshold (a ``stop_threshold`` attribute that is not None: ``layerskip``, Draft &
+            Verify's adaptive stop) stops the chain the same way.
         confidence_threshold: threshold of the confidence stop (HF default 0.4).
         sample: draw each token from the raw draft softmax instead of taking the top-1 (the
             tree then carries ``draft_probs`` and ``drafting="iid"`` for stochastic verifiers).
@@ -105,6 +107,9 @@ class ChainPolicy(AutoSizedPolicy):
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
         node, drawn_from = 0, []
+        # A drafter may carry its own stop (Draft & Verify's adaptive threshold, `layerskip`).
+        threshold = self.options.confidence_threshold if self.options.confidence_stop else \
+            getattr(session.drafter, "stop_threshold", None)
         for i in range(gamma):
             if self.options.sample:
                 logp = session.expand(tree, [node])
@@ -116,7 +121,7 @@ class ChainPolicy(AutoSizedPolicy):
                 values, tokens, ranks = session.expand_top(tree, [node], 1)
             tree = tree.add_nodes(torch.tensor([node]), tokens[0], tree.logp[node] + values[0], ranks[0])
             node = len(tree) - 1
-            unsure = self.options.confidence_stop and float(values[0, 0].exp()) < self.options.confidence_threshold
+            unsure = threshold is not None and float(values[0, 0].exp()) < threshold
             if growth.stop(tree, torch.tensor([node], device=tree.device), last=unsure or i + 1 == gamma):
                 break
         tree = finite_prefix(tree)

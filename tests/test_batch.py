@@ -108,7 +108,8 @@ def test_the_one_step_on_any_batch_equals_each_prompt_alone(policy, drafter, pro
 #: since it follows SuffixDecoding's reference, at commit a9c1b19; the sam drafter's, added to the
 #: file by the same script's record() restricted to it, on the engine of branch i68-sam; the
 #: lookahead drafter's, by the engine that added side rows, whose recording left every earlier
-#: pair as it was).
+#: pair as it was; the layerskip drafter's, by ``record_b1_steps.py --only layerskip`` on branch
+#: i69-skip, which adds its pairs and leaves every earlier one as it was).
 B1_STEPS = json.loads((Path(__file__).parent / "data" / "b1_steps.json").read_text(encoding="utf-8"))
 
 

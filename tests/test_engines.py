@@ -24,7 +24,7 @@ DRAFTER_OPTIONS = {"model": {"model": "draft/folder"}, "eagle": {"path": "eagle/
                    "hybrid": {"drafters": ["ngram", "recycle"]}}
 POLICY_OPTIONS = {"chain": {"gamma": 3}, "talon": {"budget": 8}, "eagle": {"budget": 8, "top_k": 3, "depth": 2},
                   "opt-tree": {"budget": 8}, "sampled-tree": {"budget": 8}, "sequoia": {"budget": 6},
-                  "static": {}}
+                  "static": {}, "swift": {"max_step_draft": 4}}
 #: The names each engine's source defines (what every exported key must be one of), with the
 #: version they were read from: vLLM's SpeculativeConfig fields, SGLang's ServerArgs fields,
 #: llama.cpp's flags (dashes as underscores), transformers' GenerationConfig attributes.

@@ -78,3 +78,17 @@ def test_target_logits_for_the_drafter_add_no_read(target, drafter):
     assert reads["engine"] == reads["steps"]
     if drafter == "recycle":
         assert reads["commit"] == 0  # the table is written on the device
+
+
+@pytest.mark.parametrize("options", [{"exit_layer": 1}, {"attn_skip": [False, True], "mlp_skip": [True, False]},
+                                     {"search": "swift", "swift_context_window": 2}])
+@pytest.mark.parametrize("policy", ["chain", "talon"])
+@pytest.mark.parametrize("preallocate", [False, True], ids=["dynamic-cache", "preallocated"])
+def test_self_drafting_keeps_one_read_per_step(target, options, policy, preallocate):
+    """The target drafting for itself (``layerskip``, reading the target's cache) adds no read
+    to the engine's step, in every mode."""
+    dec = specframe.SpecDecoder.build(target=specframe.TargetModel(target, preallocate=preallocate),
+                                      drafter=("layerskip", options), policy=policy, strict=False)
+    steps, reads = _engine_reads(dec, [5, 6, 7])
+    assert steps > 1
+    assert reads == steps
