@@ -42,6 +42,10 @@ def register_drafters(register):
 
     register(LookaheadDrafter)
 
+    from .hydra import HydraDrafter
+
+    register(HydraDrafter)
+
 
 @hookimpl
 def register_commands(cli):
