@@ -36,9 +36,10 @@ WEIGHTS_NAME = "hydra_lm_head.pt"
 #: The head architectures this project runs (the reference's ``cross-attn`` and ``eagle-attn``
 #: are research variants its released checkpoints do not use).
 ARCHS = ("mlp", "prefix-mlp")
-#: Keys the reference's checkpoints may hold that the heads never read: the prefix layer's
-#: token embedding (it is fed hidden states) and rotary buffers of older transformers.
-UNREAD_SUFFIXES = ("prefix_embeding_layer.embed_tokens.weight", "rotary_emb.inv_freq")
+#: Keys the reference's checkpoints hold that the heads never read: its copy of the target's
+#: token embedding (``input_embed_fn``, a submodule there; the drafter embeds with the target's
+#: own), the prefix layer's token embedding (it is fed hidden states) and rotary buffers.
+UNREAD_SUFFIXES = ("input_embed_fn.weight", "prefix_embeding_layer.embed_tokens.weight", "rotary_emb.inv_freq")
 
 
 class HydraCheckpointError(ValueError):
@@ -214,7 +215,8 @@ def load_heads(path: str | Path, base_config: Any, vocab: int, allow_pickle: boo
         if any(not torch.equal(state[group[0]], state[k]) for k in group[1:]):
             raise HydraCheckpointError(f"{directory}: keys {group} are one tied block in Hydra's heads but hold "
                                        "different values")
-    heads.load_state_dict({k: state[k] for k in expected}, strict=False)
+    # Loaded at the checkpoint's precision: the drafter casts to the target's afterwards.
+    heads.to(next(iter(state.values())).dtype).load_state_dict({k: state[k] for k in expected}, strict=False)
     return heads
 
 
