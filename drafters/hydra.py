@@ -137,6 +137,9 @@ class HydraDrafter(Drafter):
         each head run once over its nodes."""
         state = self._current_state()
         nodes = torch.as_tensor(nodes, device=tree.device).flatten()
+        if len(nodes) == 0:
+            return torch.zeros(0, self.vocab_size, dtype=torch.promote_types(self.dtype, torch.float32),
+                               device=tree.device)
         last = len(self.heads) - 1
         which = tree.depths[nodes].clamp(max=last).tolist()  # the drafter's one host read
         groups: dict[int, list[int]] = {}
@@ -149,7 +152,6 @@ class HydraDrafter(Drafter):
             if out is None:
                 out = logp.new_empty(len(nodes), logp.shape[-1])
             out[index.to(logp.device)] = logp
-        assert out is not None, "expand needs at least one node"
         return out.to(tree.device)
 
     def _head_rows(self, tree: DraftTree, nodes: torch.Tensor, head: int, state: torch.Tensor) -> torch.Tensor:
