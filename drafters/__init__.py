@@ -46,14 +46,21 @@ def register_drafters(register):
 
     register(LayerSkipDrafter)
 
+    from .hydra import HydraDrafter
+
+    register(HydraDrafter)
+
 
 @hookimpl
 def register_commands(cli):
-    """Add ``train-eagle`` and ``train-medusa`` (head trainers) and ``datastore`` (REST and SAM datastores)."""
+    """Add ``train-eagle``, ``train-medusa`` and ``train-hydra`` (head trainers) and ``datastore``
+    (REST and SAM datastores)."""
     from .datastore import datastore_command
     from .eagle_train import train_eagle_command
+    from .hydra_train import train_hydra_command
     from .medusa_train import train_medusa_command
 
     cli.add_command(train_eagle_command)
     cli.add_command(train_medusa_command)
+    cli.add_command(train_hydra_command)
     cli.add_command(datastore_command())

@@ -24,8 +24,20 @@ MC_SIM_7B_63: tuple[RankPath, ...] = (
     (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
 )
 
+#: Medusa's ``mc_sim_7b_63`` (FasterDecoding/Medusa, medusa/model/medusa_choices.py), which Hydra
+#: drafts by default too (zankner/Hydra, hydra/model/hydra_choices.py): 63 drafted nodes, depth 4,
+#: 10/28/23/2 nodes per level.
+MEDUSA_MC_SIM_7B_63: tuple[RankPath, ...] = (
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
+    (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,),
+    (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0),
+    (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0),
+    (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1),
+    (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
+)
+
 #: Named trees accepted by the ``choices`` option.
-PRESETS: dict[str, tuple[RankPath, ...]] = {"mc_sim_7b_63": MC_SIM_7B_63}
+PRESETS: dict[str, tuple[RankPath, ...]] = {"mc_sim_7b_63": MC_SIM_7B_63, "medusa_mc_sim_7b_63": MEDUSA_MC_SIM_7B_63}
 
 
 @dataclass
@@ -34,7 +46,8 @@ class StaticOptions:
 
     Attributes:
         choices: the tree as a list of rank paths (every proper prefix must be listed too), or
-            the name of a preset (``mc_sim_7b_63``, the default: EAGLE-1's 25-node tree).
+            the name of a preset (``mc_sim_7b_63``, the default: EAGLE-1's 25-node tree;
+            ``medusa_mc_sim_7b_63``: Medusa's and Hydra's 63-node tree).
             The tree size is ``len(choices) + 1`` (the root counts); a smaller engine budget
             keeps the first paths in (length, path) order.
     """

@@ -21,7 +21,7 @@ from specframe.testing.fixtures import TINY_PAIR_TOML, close_draft, tiny_target
 #: Drafter options that make each built-in buildable in a config (paths need not exist to export).
 DRAFTER_OPTIONS = {"model": {"model": "draft/folder"}, "eagle": {"path": "eagle/folder"},
                    "eagle3": {"path": "eagle3/folder"}, "medusa": {"path": "medusa/folder"},
-                   "hybrid": {"drafters": ["ngram", "recycle"]}}
+                   "hydra": {"path": "hydra/folder"}, "hybrid": {"drafters": ["ngram", "recycle"]}}
 POLICY_OPTIONS = {"chain": {"gamma": 3}, "talon": {"budget": 8}, "eagle": {"budget": 8, "top_k": 3, "depth": 2},
                   "opt-tree": {"budget": 8}, "sampled-tree": {"budget": 8}, "sequoia": {"budget": 6},
                   "static": {}, "swift": {"max_step_draft": 4}}

@@ -117,6 +117,16 @@ def _medusa_drafter(target: Any) -> Any:
     return make_plugin("drafters", ("medusa", {"heads": random_heads(hidden, int(target.vocab_size))}), target)
 
 
+def _hydra_drafter(target: Any) -> Any:
+    """Grounded Hydra heads of fixed random weights (seed 0): four heads of two blocks."""
+    from specframe.decode.engine import make_plugin
+    from specframe.drafters.hydra_heads import random_heads
+
+    config = target.model.config.get_text_config()
+    heads = random_heads(int(config.hidden_size), int(target.vocab_size), 4, 2, base_config=config)
+    return make_plugin("drafters", ("hydra", {"heads": heads}), target)
+
+
 #: Factories of built-in drafters that cannot be built from default options, keyed by the
 #: registered class's ``module:qualname`` (only the built-in class itself gets them).
 BUILTIN_DRAFTER_FACTORIES: dict[str, Callable[[Any], Any]] = {
@@ -124,6 +134,7 @@ BUILTIN_DRAFTER_FACTORIES: dict[str, Callable[[Any], Any]] = {
     "specframe.drafters.eagle:EagleDrafter": _eagle_drafter("eagle"),
     "specframe.drafters.eagle3:Eagle3Drafter": _eagle_drafter("eagle3"),
     "specframe.drafters.medusa:MedusaDrafter": _medusa_drafter,
+    "specframe.drafters.hydra:HydraDrafter": _hydra_drafter,
 }
 
 #: Conformance class attributes of specframe's own plugins, by (kind, name): the built-in
