@@ -95,10 +95,11 @@ def _siblings(tree: DraftTree, rows: list, kept: list[list[int]]) -> DraftTree:
     """``tree`` (the chain) cut to the kept chain nodes, plus the kept siblings of each row."""
     depth = max((len(path) for path in kept), default=0)
     chain = tree.select(torch.arange(depth + 1)) if len(tree) > depth + 1 else tree
+    chain_len = len(chain)  # nodes 0 .. chain_len - 1 are the chain (node i at depth i)
     for idx, (parent, values, tokens, ranks) in enumerate(rows):
-        if parent >= len(chain):
+        if parent >= chain_len:
             break
-        has_top1 = len(chain) > idx + 1  # the chain went on through this row's top-1 child
+        has_top1 = chain_len > idx + 1  # the chain went on through this row's top-1 child
         extra = [path[-1] for path in kept if len(path) == idx + 1 and (path[-1] > 0 or not has_top1)]
         if not extra:
             continue
