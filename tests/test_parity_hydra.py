@@ -207,8 +207,8 @@ def hydra_trees(draw, max_depth: int = HEADS) -> list[list[int]]:
         parent = frontier.pop(0)
         if len(parent) >= max_depth:
             continue
-        n = draw(st.integers(1 if parent == () else 0, 4))
-        expand = draw(st.integers(0, n))
+        n = draw(st.integers(1, 4))  # a frontier node is expanded: it gets children
+        expand = draw(st.integers(0, n)) if len(parent) + 1 < max_depth else 0
         kids = [parent + (r,) for r in range(n)]
         paths += kids
         frontier += kids[:expand]
