@@ -380,10 +380,9 @@ def test_sample_script_draws_seeded_and_interleaves():
 
 
 def test_roster_arms_load_and_unknown_drafters_are_refused(tmp_path):
-    """examples/spec-bench.toml's arms load (on a tiny target standing in for SmolLM2), and
-    its commented rows name drafters a loader refuses by name until they are registered."""
+    """examples/spec-bench.toml's arms load (on a tiny target standing in for SmolLM2), the
+    Lookahead and SAM rows among them, and a row naming an unregistered drafter is refused by name."""
     from specframe.experiments.config import ConfigError, load_config
-    from specframe.plugins import get_registry
 
     text = (ROOT / "examples" / "spec-bench.toml").read_text()
     text = text.replace('model = "smollm2-135m-instruct"',
@@ -393,12 +392,8 @@ def test_roster_arms_load_and_unknown_drafters_are_refused(tmp_path):
     path = tmp_path / "roster.toml"
     path.write_text(text)
     names = [a.name for a in load_config(path).arms]
-    assert names[0] == "autoregressive" and {"pld", "recycling", "eagle3", "medusa", "suffix"} <= set(names)
-    registered = {info.name for info in get_registry().infos("drafters")}
-    commented = [line for line in text.splitlines() if line.startswith("# drafter = ")]
-    assert {c.split('"')[1] for c in commented} >= {"lookahead", "sam"}
-    if "lookahead" in registered:
-        return  # merged: the rows can be enabled
-    path.write_text(text + '\n[[arm]]\nname = "lookahead"\ndrafter = "lookahead"\npolicy = "chain"\n')
-    with pytest.raises(ConfigError, match="unknown drafter 'lookahead'; available drafters: "):
+    assert names[0] == "autoregressive"
+    assert {"pld", "recycling", "eagle3", "medusa", "suffix", "lookahead", "sam", "samd[recycle]", "samd[eagle3]"} <= set(names)
+    path.write_text(text + '\n[[arm]]\nname = "nowhere"\ndrafter = "no-such-drafter"\npolicy = "chain"\n')
+    with pytest.raises(ConfigError, match="unknown drafter 'no-such-drafter'; available drafters: .*lookahead.*sam"):
         load_config(path)
