@@ -150,7 +150,8 @@ class RecycleDrafter(Drafter):
         super().__init__(options, target)
         self.persistent_state = not options.cold_start
         self.needs_prompt_logits = bool(options.prompt_rows)
-        self.width = max(options.k, STORED_WIDTH)
+        # Never wider than the vocabulary: past it there are no ids left to fill a row with.
+        self.width = min(max(options.k, STORED_WIDTH), self.vocab_size)
         self.ids: torch.Tensor | None = None
         self.logp: torch.Tensor | None = None
 

@@ -112,6 +112,20 @@ def test_expand_top_equals_the_selection_over_expand(steps, k, width, nodes):
         assert torch.equal(g, w), f"{name}: {g} vs {w}"
 
 
+def test_a_vocabulary_narrower_than_the_stored_width_drafts_valid_rows():
+    small = type("_Small", (_Target,), {"vocab_size": 12})()
+    drafter = RecycleDrafter(RecycleDrafterOptions(k=4), small)
+    drafter.begin(torch.tensor([0]))
+    tree = _tree([3, 5, 7], [-1, 0, 1])
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(3))
+    drafter.commit(torch.tensor([5]), torch.tensor([0, 1]), tree=tree, target_logits=logits)
+    assert int(drafter.ids.max()) < 12, "a row names an id outside the vocabulary"
+    index = torch.tensor([0, 1, 2])
+    want = topk_per_row(drafter.expand(tree, index), 12)
+    for name, g, w in zip(("values", "ids", "ranks"), drafter.expand_top(tree, index, 12), want):
+        assert torch.equal(g, w), f"{name}: {g} vs {w}"
+
+
 def test_canonical_rows_orders_ties_by_id_and_fills_the_lowest_free_ids():
     ids = torch.tensor([[5, 2, 7, 1]])
     logp = torch.tensor([[-1.0, -1.0, -math.inf, -0.5]])
