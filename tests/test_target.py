@@ -11,7 +11,10 @@ from specframe.models.target import TargetModel, UnsupportedModelError
 from specframe.testing.models import ARCHITECTURES, tiny_model
 from specframe.testing.strategies import draft_trees
 
-TOLERANCE = {("sdpa", torch.float64): 1e-9, ("eager", torch.float64): 1e-6,
+# float64 sdpa differs by float64 rounding alone, but transformers' RMSNorm rounds its input to
+# float32 and back: a 1-ulp float64 difference before it can become a float32 ulp (~6e-8) after
+# it (a 41-node Llama tree showed 3e-8). Bitwise equality is the exact forward's (test_exact.py).
+TOLERANCE = {("sdpa", torch.float64): 1e-6, ("eager", torch.float64): 1e-6,
              ("sdpa", torch.float32): 1e-4, ("eager", torch.float32): 1e-4}
 CASES = [(a, impl, torch.float64) for a in ARCHITECTURES for impl in ("sdpa", "eager")]
 CASES += [("llama", "sdpa", torch.float32), ("gpt2", "eager", torch.float32)]
