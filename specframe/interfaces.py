@@ -420,17 +420,28 @@ class SideOutput:
 
 @dataclass
 class StepStats:
-    """Per-step record: tree shape, acceptance and where the time went (seconds)."""
+    """Per-step record: tree shape, acceptance and where the time went (seconds).
+
+    The time fields partition the step's wall time: :attr:`total_time` is their sum, and the
+    engine measures them as consecutive intervals of one clock, so nothing of the step is in
+    no field. ``other_time`` is the engine's own bookkeeping (what no other field names).
+    In a batch every row's record carries the whole step's times (each sequence waited for all).
+    """
 
     tree_size: int
     depth: int
     accepted: int
     emitted: int
     draft_forwards: int
+    #: The drafter's calls while the tree was built (its forwards, lookups and their bookkeeping).
     draft_time: float
+    #: Building the tree less its drafting, and the policy's ``observe`` after the step.
     policy_time: float
+    #: The verification forward of the target (with the drafters' side rows, if any).
     target_time: float
+    #: The verifier's decision and the step's one host read.
     verify_time: float
+    #: The engine's own bookkeeping: checks, the side rows' set-up, the loop around the rows.
     other_time: float
     widths: list[int]
     accepted_ranks: list[int]
@@ -442,8 +453,33 @@ class StepStats:
     #: elsewhere missed nothing below it (what acceptance by depth and rank needs to know).
     #: -1: not recorded (a StepStats built outside the engine; records written before it).
     accepted_children: int = -1
+    #: The KV cache's work: keeping the accepted path, dropping the rest.
+    kv_time: float = 0.0
+    #: The drafters' ``commit`` (what a drafter learns from the verified step).
+    commit_time: float = 0.0
+    #: Committing the emitted tokens to the output (and the score, with ``score=True``).
+    emit_time: float = 0.0
+    #: Stop checks: the cut at ``max_new_tokens`` and EOS.
+    stop_time: float = 0.0
+    #: The output record: this StepStats, the accepted path's view, a finished row's ``finish``.
+    record_time: float = 0.0
+    #: ``generate(on_step=...)``'s callback.
+    callback_time: float = 0.0
 
     @property
     def total_time(self) -> float:
-        """Whole step wall time."""
-        return self.draft_time + self.policy_time + self.target_time + self.verify_time + self.other_time
+        """Whole step wall time (the sum of every time field)."""
+        return (self.draft_time + self.policy_time + self.target_time + self.verify_time + self.other_time
+                + self.kv_time + self.commit_time + self.emit_time + self.stop_time + self.record_time
+                + self.callback_time)
+
+    @property
+    def overhead_time(self) -> float:
+        """The step after its tree was built, less the target forward: verification and every
+        piece of bookkeeping (what a step costs beside its forward and its drafting)."""
+        return self.total_time - self.draft_time - self.policy_time - self.target_time
+
+    @property
+    def engine_time(self) -> float:
+        """The step less its target forward and its drafting: the engine's and the policy's share."""
+        return self.total_time - self.target_time - self.draft_time

@@ -106,9 +106,9 @@ def row_model(steps: Sequence[StepStats], window: int, alpha: float, fallback: R
 
 def step_overhead(history: Sequence[Sequence[StepStats]], window: int) -> float:
     """Seconds of a step beside its target forward and its trees' building: the median of
-    ``verify_time + other_time`` (the same for every row of a step) over the rows' last
+    ``overhead_time`` (the same for every row of a step) over the rows' last
     ``window`` steps; 0 before any step."""
-    rests = [s.verify_time + s.other_time for h in history for s in h[-window:]]
+    rests = [s.overhead_time for h in history for s in h[-window:]]
     return statistics.median(rests) if rests else 0.0
 
 

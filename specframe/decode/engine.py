@@ -11,7 +11,6 @@ import copy
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,69 +21,16 @@ from specframe.interfaces import DraftSession, Drafter, StepStats, TreePolicy, V
 from specframe.decode.lockstep import build_trees
 from specframe.options import build_options
 from specframe.plugins import SINGULAR, get_registry
+from specframe.decode.clock import StepClock
 from specframe.decode.kv_single import SingleKV
+from specframe.decode.output import (SHARED_FIELDS, GenerationOutput, Row, StepView,  # noqa: F401 (re-exported)
+                                     cut_output, negative_log_likelihood, row_share)
 from specframe.decode.read import StepRead, pack_step, packed_size, unpack_step
 from specframe.decode.side_rows import SideStep
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
 
 PluginSpec = Any  # "name" | ("name", {options}) | instance
-
-@dataclass
-class GenerationOutput:
-    """Result of one ``generate`` call."""
-
-    tokens: list[int]
-    steps: list[StepStats] = field(default_factory=list)
-    wall_time: float = 0.0
-    stopped_at_eos: bool = False
-    #: With ``generate(score=True)``: the output's negative log-likelihood under the target (nats,
-    #: summed over its tokens; the target's own distribution, no temperature), else None.
-    nll: float | None = None
-
-    @property
-    def target_forwards(self) -> int:
-        """Verification forwards (one per step; the prefill is not counted)."""
-        return len(self.steps)
-
-    @property
-    def tau(self) -> float:
-        """Tokens emitted per target forward, bonus included."""
-        return len(self.tokens) / max(1, len(self.steps))
-
-    @property
-    def delta(self) -> float:
-        """Draft forwards per target forward."""
-        return sum(s.draft_forwards for s in self.steps) / max(1, len(self.steps))
-
-
-@dataclass
-class StepView:
-    """One verified step, as ``generate(on_step=...)`` hands it to its callback.
-
-    Attributes:
-        tree: the verified draft tree (as the policy returned it).
-        path_nodes: the accepted node indices, root first, exactly as the engine read them
-            (a tensor on the tree's device); ``path`` is the host list.
-        stats: the step's :class:`StepStats` (the same object as in ``GenerationOutput.steps``).
-
-    The accepted path is what the verifier accepted: on the last step, a cut at
-    ``max_new_tokens`` or EOS may emit fewer of its tokens (``stats.emitted``).
-    """
-
-    tree: DraftTree
-    path_nodes: torch.Tensor
-    stats: StepStats
-    _path: list[int] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def path(self) -> list[int]:
-        """Accepted node indices, root first, as a host list. Read on first use, so a callback
-        that only keeps the view adds no device read to the step (on a GPU)."""
-        if self._path is None:
-            self._path = [int(i) for i in self.path_nodes.tolist()]
-        return self._path
-
 
 def _split_spec(spec: PluginSpec) -> tuple[str, dict]:
     if isinstance(spec, str):
@@ -216,6 +162,7 @@ class SpecDecoder:
         nodes: no extra forward, one extra host read per generation (what the quality of a
         lossy verifier's text is measured by; docs/verifiers.md).
         """
+        start = time.perf_counter()
         verifier = self._verifier_for(temperature)
         if seed is not None:
             if generator is not None:
@@ -232,14 +179,17 @@ class SpecDecoder:
                 f"the {whose} {self.max_positions} positions"
             )
         eos = _eos_set(self.target.eos_token_id if eos_token_id == -1 else eos_token_id)
-        start = time.perf_counter()
         out = GenerationOutput(tokens=[])
         kv = SingleKV(self.target, reserve=max_new_tokens + self.policy.max_budget + getattr(self.drafter, "max_side_rows", 0))
         row = Row(0, 0, self.drafter, self.policy, prompt.tolist(), out, generator, on_step, score)
-        rows = self.begin_rows(kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter)),
-                               [row], [prompt])
+        before = time.perf_counter()
+        prefill = kv.prefill([prompt[:-1]], self._needs_hidden, wants_prompt_logits(self.drafter))
+        out.prefill_time = time.perf_counter() - before
+        rows = self.begin_rows(prefill, [row], [prompt])
+        row.mark = time.perf_counter()
+        out.setup_time = row.mark - start - out.prefill_time
         while rows:
-            rows = self._step(kv, rows, verifier, max_new_tokens, eos, start)
+            rows = self._step(kv, rows, verifier, max_new_tokens, eos, start, chained=True)
         return out
 
     def begin_rows(self, prefill: Any, rows: list[Row], prompts: Sequence[torch.Tensor]) -> list[Row]:
@@ -290,7 +240,7 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ the step
     def _step(self, kv: Any, rows: list[Row], verifier: Verifier, max_new: int, eos: set[int], start: float,
-              allocator: Any = None, lockstep: bool = True) -> list[Row]:
+              allocator: Any = None, lockstep: bool = True, chained: bool = False) -> list[Row]:
         """THE decode step, for one live sequence or many: build every row's tree, verify them
         all in one target forward over the KV layout ``kv``, read every verdict in one host
         transfer, keep each accepted path, commit, and record each row's :class:`StepStats`.
@@ -299,61 +249,90 @@ class SpecDecoder:
 
         ``allocator``: a batch allocator splitting the step's node budget (None: each tree up to
         its policy's budget); ``lockstep``: let batch-capable drafters draft all rows' layers
-        in one forward (:mod:`specframe.decode.lockstep`).
+        in one forward (:mod:`specframe.decode.lockstep`); ``chained``: one sequence whose
+        step starts its clock where the last ended (``Row.mark``), so nothing falls between steps.
         """
+        clock = StepClock(rows[0].mark if chained else None)
         trees, sessions, limits, policy_times = self._build(rows, allocator, lockstep)
+        clock.lap("other_time")  # the build, split below into its drafting and building
+        clock.charge("draft_time", sum(s.draft_time for s in sessions), "other_time")
+        clock.charge("policy_time", sum(policy_times), "other_time")
         side = SideStep(rows, self.max_positions, self.target.vocab_size)  # the drafters' side rows, if any
         # A row switched off (limit 1) holds the root the engine made itself: nothing to check.
         flags = [None if lim <= 1 else tree_flag(r.policy.name, t, r.committed[-1], lim, self.strict)
                  for r, t, lim in zip(rows, trees, limits)]
-        t1 = time.perf_counter()
         tree_start = kv.width
+        clock.lap("other_time")
         out = side.forward(kv, trees, self._needs_hidden)
         logits = kv.rows_of(out.logits)
         hiddens = kv.hidden_rows(out) if self._needs_hidden else [None] * len(rows)
-        t2 = time.perf_counter()
+        clock.lap("target_time")
         reads = self._verify_and_read(rows, trees, limits, flags, logits, verifier, side, side.take(kv, out.logits))
-        t3 = time.perf_counter()
+        clock.lap("verify_time")
         paths, counts = [], []
         for b, (row, tree, read, hidden, row_logits) in enumerate(zip(rows, trees, reads, hiddens, logits)):
             emitted = cut_output(read.tokens, max_new - len(row.out.tokens), eos)
             finished = len(emitted) < len(read.tokens) or len(row.out.tokens) + len(emitted) >= max_new \
                 or any(t in eos for t in emitted)
             paths.append(None if finished else read.path)
+            clock.lap("stop_time")
             # Every step commits, the last too (a drafter that learns from verifications sees
             # them all), with the verifier's whole decision even where the output was cut.
             row.drafter.commit(torch.tensor(read.tokens, dtype=torch.long), read.path, hidden, tree=tree,
                                **logits_keyword(row.drafter, row_logits), **side.keyword(b, row.drafter))
+            clock.lap("commit_time")
             counts.append(len(emitted))
             if row.score:
                 row.nll_sum = negative_log_likelihood(row_logits, read.path, read.tokens, len(emitted)) + row.nll_sum
             row.committed += emitted
             row.out.tokens += emitted
             row.out.stopped_at_eos = bool(eos) and emitted[-1] in eos
+            clock.lap("emit_time")
         kv.keep(paths, tree_start, [read.contiguous for read in reads])
-        t4 = time.perf_counter()
-        live = []
+        clock.lap("kv_time")
+        return self._record(rows, trees, reads, sessions, limits, counts, paths, policy_times, clock, start)
+
+    def _record(self, rows: list[Row], trees: list[DraftTree], reads: list[StepRead], sessions: list,
+                limits: list[int], counts: list[int], paths: list, policy_times: list[float], clock: StepClock,
+                start: float) -> list[Row]:
+        """Each row's :class:`StepStats` (the policy observes it and ``on_step`` sees it), a
+        finished row's ``finish`` and wall time; returns the rows still decoding. The record's
+        own intervals are added to the step's fields last, so they too sum to the wall time."""
+        live, finished, records = [], [], []
+        shared = {f: clock.spent[f] for f in SHARED_FIELDS}
         for row, tree, read, session, limit, count, path, policy_time in zip(
                 rows, trees, reads, sessions, limits, counts, paths, policy_times):
             stats = StepStats(
                 tree_size=len(tree), depth=len(read.widths) - 1, accepted=len(read.ranks),
                 emitted=count, draft_forwards=session.draft_forwards, draft_time=session.draft_time,
-                policy_time=policy_time, target_time=t2 - t1, verify_time=t3 - t2,
-                other_time=t4 - t3, widths=read.widths, accepted_ranks=read.ranks,
-                budget_cut=row.policy.max_budget - limit, accepted_children=read.children,
+                policy_time=policy_time, widths=read.widths, accepted_ranks=read.ranks,
+                budget_cut=row.policy.max_budget - limit, accepted_children=read.children, **shared,
             )
             row.out.steps.append(stats)
+            records.append(stats)
+            clock.lap("record_time")
             if limit > 1:  # a row switched off was not built: its policy has nothing to learn
-                row.policy.observe(_row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
+                began = clock.last
+                row.policy.observe(row_share(stats, len(rows)) if row.policy.wants_batch_curve else stats)
+                stats.policy_time += clock.lap("policy_time") - began  # its own policy's learning
             if row.on_step is not None:
                 row.on_step(StepView(tree, read.path, stats))
+                clock.lap("callback_time")
             if path is None:
                 if row.score:
                     row.out.nll = float(row.nll_sum)  # the generation's one extra host read
                 row.drafter.finish(torch.tensor(row.out.tokens, dtype=torch.long))
-                row.out.wall_time = time.perf_counter() - start
+                finished.append(row)
             else:
                 live.append(row)
+        clock.lap("record_time")
+        for stats in records:  # the record's own intervals (observe, on_step, finish), shared
+            for f in ("record_time", "callback_time"):
+                setattr(stats, f, clock.spent[f])
+        for row in finished:
+            row.out.wall_time = clock.last - start
+        for row in live:
+            row.mark = clock.last
         return live
 
     def _build(self, rows: list[Row], allocator: Any, lockstep: bool) -> tuple[list, list, list[int], list[float]]:
@@ -447,53 +426,3 @@ def root_read(bonus: int, device: torch.device) -> StepRead:
                     widths=[1], contiguous=True, children=0)
 
 
-@dataclass
-class Row:
-    """One sequence while it decodes: its own drafter, policy and generator, its committed
-    tokens (prompt included) and its output so far.
-
-    ``index``: the prompt's place in the call; ``slot``: which of the decoder's drafter/policy
-    pairs it uses (a batch reuses the slots that finished rows freed).
-    """
-
-    index: int
-    slot: int
-    drafter: Drafter
-    policy: TreePolicy
-    committed: list[int]
-    out: GenerationOutput
-    generator: torch.Generator | None = None
-    on_step: Callable[[StepView], None] | None = None
-    #: Accumulate the output's negative log-likelihood (``nll_sum``, on the device) for ``out.nll``.
-    score: bool = False
-    nll_sum: Any = 0.0
-
-
-def negative_log_likelihood(logits: torch.Tensor, path: torch.Tensor, tokens: list[int], count: int) -> torch.Tensor:
-    """The target's negative log-likelihood (nats, a device scalar) of the first ``count``
-    emitted ``tokens`` of a step: token j follows accepted node ``path[j]``, whose logits row
-    predicted it (the root's row the first token, the last node's the bonus)."""
-    rows = logits[path[:count]]
-    rows = rows.float() if rows.dtype.itemsize < 4 else rows  # half precision: sum in float32
-    ids = torch.tensor(tokens[:count], dtype=torch.long, device=rows.device)
-    return -torch.log_softmax(rows, dim=-1).gather(1, ids[:, None]).sum()
-
-
-def cut_output(tokens: list[int], remaining: int, eos: set[int]) -> list[int]:
-    """The tokens a row emits of its verdict: at most ``remaining``, ending at its first EOS."""
-    emitted = tokens[:remaining]
-    for i, tok in enumerate(emitted):
-        if tok in eos:
-            return emitted[: i + 1]
-    return emitted
-
-
-def _row_share(stats: StepStats, live: int) -> StepStats:
-    """What a batch-priced policy learns from: its own drafting and building, and ``1 / live``
-    of the batch's forward, verification and bookkeeping (the step's cost spread over its rows,
-    as its row curve spreads the forward). The recorded step keeps the whole batch's times,
-    since the sequence waited for them."""
-    if live == 1:
-        return stats
-    return dataclasses.replace(stats, target_time=stats.target_time / live, verify_time=stats.verify_time / live,
-                               other_time=stats.other_time / live)

@@ -5,9 +5,11 @@ projected time is::
 
     T(n, L)                    the cost curve: one target forward of the n-node tree at context L
   + draft_time + policy_time   measured during the replay (the same code as live)
-  + rest(n) = a + b (n - 1)    verification, read-back and cache compaction, fitted at record
-                               time on live steps of the recording arm
-  + other_time                 the drafter's commit, measured during the replay
+  + rest(n) = a + b (n - 1)    verification, read-back and cache compaction (``verify_time`` +
+                               ``kv_time``), fitted at record time on live steps of the
+                               recording arm
+  + the step's other fields    the drafter's commit and the engine's bookkeeping, measured
+                               during the replay
 
 An autoregressive step is the curve's T(1, L) times the ratio of a measured autoregressive step
 to it, taken at record time (a causal forward, not the curve's tree forward).
@@ -111,7 +113,8 @@ def fit_rest(samples: list[tuple[int, float]]) -> tuple[float, float]:
 class ProjectedPolicy(TreePolicy):
     """Wraps a policy so every step it observes carries projected times (see the module doc).
 
-    The wrapped step's ``target_time`` becomes T(n, L) and ``verify_time`` the fitted rest;
+    The wrapped step's ``target_time`` becomes T(n, L), ``verify_time`` the fitted rest and
+    ``kv_time`` 0 (the rest holds the cache's work);
     :attr:`replaced` / :attr:`added` sum what was taken out and put in, so a generation's
     projected wall time is its replay wall time - replaced + added (+ the prefill).
     """
@@ -154,9 +157,9 @@ class ProjectedPolicy(TreePolicy):
         """Project ``step``'s target and rest time, then let the wrapped policy learn from it."""
         target_t = self.model.target_seconds(step.tree_size, self.target.last_context)
         rest_t = self.model.rest_seconds(step.tree_size)
-        self.replaced += step.target_time + step.verify_time
+        self.replaced += step.target_time + step.verify_time + step.kv_time
         self.added += target_t + rest_t
-        step.target_time, step.verify_time = target_t, rest_t
+        step.target_time, step.verify_time, step.kv_time = target_t, rest_t, 0.0
         self.inner.observe(step)
 
 

@@ -332,7 +332,7 @@ def _record_prompt(decoder: SpecDecoder, target: TargetModel, prompt: list[int],
         if tok in eos:
             stop = i + 1
             break
-    rest = [(v.stats.tree_size, v.stats.verify_time + v.stats.other_time) for v in steps[:-1]]
+    rest = [(v.stats.tree_size, v.stats.verify_time + v.stats.kv_time) for v in steps[:-1]]
     ratios: list[float] = []
     context = len(prompt)
     for v in steps:  # measured target time against the curve's, at the step's context

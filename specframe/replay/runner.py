@@ -200,8 +200,9 @@ class ReplayRunner:
         projected = [self.model.batch_step_seconds(rows, ctx) for rows, ctx in kv.shapes]
         for start_step, out in zip(at, outs):
             for k, step in enumerate(out.steps, start_step):
-                replayed[k] = step.target_time + step.verify_time  # one batch-wide value per step
+                replayed[k] = step.target_time + step.verify_time + step.kv_time  # one batch-wide value per step
                 step.target_time, step.verify_time = projected[k]
+                step.kv_time = 0.0  # the projected rest holds the cache's work
         steps = [t - r + sum(p) for t, r, p in zip(res.step_times, replayed, projected)]
         prefills = [self.model.prefill_seconds(len(p), t.prefill_seconds) for p, t in zip(prompts, turns)]
         first = min(len(prompts), live or len(prompts))

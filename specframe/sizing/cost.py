@@ -166,7 +166,7 @@ class CostModel:
         # launch, and the modelled time stands in for it.
         target_t = step.target_time if self.sync_timers else model_t
         rest = max(step.total_time - target_t - step.draft_time, 0.0)
-        self._fit_rest(tree_size - 1, rest, step.verify_time + step.other_time)
+        self._fit_rest(tree_size - 1, rest, step.overhead_time)
         rate = step.emitted / max(model_t + step.draft_time + self.rest_seconds(tree_size), 1e-9)
         self.rate = running_mean(self.rate, rate)
         return rate
