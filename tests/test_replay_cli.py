@@ -128,15 +128,12 @@ def test_sweep_local_then_ray_identical(recorded) -> None:
     tmp = recorded
     local = _sweep(tmp, "sweep-local", ["--workers", "1"])
     assert len(local) == 4 and (tmp / "sweep-local" / "plots" / "tau_delta.png").exists()
-    try:
-        import ray
-    except ImportError as err:
-        pytest.skip(f"ray cannot import here: {err}")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        on_ray = _sweep(tmp, "sweep-ray", ["--ray"])
-    finally:
-        ray.shutdown()
+    # The session's local Ray (tests/ray_session.py; skips where ray does not import), which
+    # `--ray` joins: a Ray of this test's own cost a start, and the next Ray test a restart.
+    from ray_session import start
+
+    start()
+    on_ray = _sweep(tmp, "sweep-ray", ["--ray"])
     assert _exact_part(on_ray) == _exact_part(local)
 
 
