@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("optuna")
 
+from ray_session import start as start_local_ray  # noqa: E402 - the session's Ray (skips without ray)
 from specframe.cli import cli  # noqa: E402
 from specframe.testing.fixtures import tiny_experiment_toml  # noqa: E402
 
@@ -207,11 +208,9 @@ def test_parallel_trials_score_each_point_as_one_process_does(recorded, serial_t
     point's tau is what the one-process tune scored it (the arm's own options, trial 0, at least)."""
     tmp = recorded
     if parallel[0] == "--ray":
-        # The session's local Ray (tests/ray_session.py), which `--ray local` joins: starting
-        # and shutting down a Ray of its own here cost a start, and the next Ray test a restart.
-        from ray_session import start
-
-        start()
+        # The session's local Ray, which `--ray local` joins: starting and shutting down a Ray
+        # of its own here cost a start, and the next Ray test a restart.
+        start_local_ray()
     out = f"parallel-{parallel[0].strip('-')}"
     result = _tune(tmp, out, "--trials", "4", "--arms", "ngram+chain", "--objective", "tau", *parallel)
     assert result.exit_code == 0, result.output
