@@ -11,6 +11,7 @@ the cache holds are cleared, and nothing reaches the model hub.
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -77,3 +78,10 @@ def pytest_collection_modifyitems(config, items):
     order (its module fixtures are built once per worker)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop this process's local Ray once the next test does not use it (tests/ray_session.py)."""
+    ray_session = sys.modules.get("ray_session")
+    if ray_session is not None:
+        ray_session.stop_unless_next_uses_it(nextitem)

@@ -79,14 +79,32 @@ def _speculate(model: Any, draft: Any, policy: str, preallocate: bool, prompt: l
 
 
 # ---------------------------------------------------------------------------- the matrix
+def _preallocated(arch: str, policy: str) -> bool:
+    """The KV cache of a matrix case: alternating over an architecture's policies, shifted by
+    one from each architecture to the next, so every architecture and every policy meets a
+    growing and a pre-allocated cache (the windowed ones meet both under compaction too, in
+    test_kv_compaction_on_windowed_models)."""
+    archs = list(dict.fromkeys(a for a, _ in CASES))
+    policies = [p for a, p in CASES if a == arch]
+    return (archs.index(arch) + policies.index(policy)) % 2 == 1
+
+
 @pytest.mark.parametrize("arch, policy", CASES)
 def test_matrix_greedy_equals_generate(arch: str, policy: str) -> None:
-    """Every architecture x every built-in policy, with both KV caches, beyond the window."""
+    """Every architecture x every built-in policy, beyond the window, with either KV cache."""
     expected = list(_expected(arch))
     assert len(expected) == NEW_TOKENS
-    for preallocate in (False, True):  # a growing, then a pre-allocated KV cache
-        tokens = _speculate(_model(arch), _draft(arch), policy, preallocate, _prompt())
-        assert tokens == expected, f"{arch}, policy {policy}, preallocate={preallocate}"
+    preallocate = _preallocated(arch, policy)
+    tokens = _speculate(_model(arch), _draft(arch), policy, preallocate, _prompt())
+    assert tokens == expected, f"{arch}, policy {policy}, preallocate={preallocate}"
+
+
+def test_every_architecture_and_policy_of_the_matrix_meets_both_caches():
+    for axis in (0, 1):
+        seen: dict[str, set[bool]] = {}
+        for case in CASES:
+            seen.setdefault(case[axis], set()).add(_preallocated(*case))
+        assert all(kinds == {False, True} for kinds in seen.values()), seen
 
 
 @pytest.mark.parametrize("arch", WINDOWED)

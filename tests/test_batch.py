@@ -5,6 +5,7 @@ the batch budget; one host read per step for the whole batch."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,18 @@ def decoder(drafter: str = "model", policy: str = "talon") -> SpecDecoder:
                        make_plugin("verifiers", "greedy"))
 
 
-# Plain greedy decoding by full recomputation (transformers' generate with ``min_new_tokens``
-# would mask the config's EOS id, which a run without EOS may emit).
-greedy_reference = greedy_by_recomputation
+@lru_cache(maxsize=None)
+def _greedy_tokens(model, prompt: tuple[int, ...], max_new: int) -> tuple[int, ...]:
+    return tuple(greedy_by_recomputation(model, list(prompt), max_new, None))
+
+
+def greedy_reference(model, prompt: list[int], max_new: int, eos: int | None) -> list[int]:
+    """Plain greedy decoding by full recomputation (transformers' generate with ``min_new_tokens``
+    would mask the config's EOS id, which a run without EOS may emit), computed once per prompt
+    and length: many tests decode the same prompts (the cross product below, 100+ pairs, on one
+    batch), and a run that stops at ``eos`` is the run without it cut after eos's first token."""
+    tokens = list(_greedy_tokens(model, tuple(prompt), max_new))
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 prompt_lists = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=6)

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
+from ray_session import start as start_local_ray  # the session's Ray (skips without ray)
 from specframe.cli import cli
 from specframe.testing.fixtures import tiny_experiment_toml
 
@@ -128,15 +129,10 @@ def test_sweep_local_then_ray_identical(recorded) -> None:
     tmp = recorded
     local = _sweep(tmp, "sweep-local", ["--workers", "1"])
     assert len(local) == 4 and (tmp / "sweep-local" / "plots" / "tau_delta.png").exists()
-    try:
-        import ray
-    except ImportError as err:
-        pytest.skip(f"ray cannot import here: {err}")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        on_ray = _sweep(tmp, "sweep-ray", ["--ray"])
-    finally:
-        ray.shutdown()
+    # The session's local Ray, which `--ray` joins: a Ray of this test's own cost a start, and
+    # the next Ray test a restart.
+    start_local_ray()
+    on_ray = _sweep(tmp, "sweep-ray", ["--ray"])
     assert _exact_part(on_ray) == _exact_part(local)
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("optuna")
 
+from ray_session import start as start_local_ray  # noqa: E402 - the session's Ray (skips without ray)
 from specframe.cli import cli  # noqa: E402
 from specframe.testing.fixtures import tiny_experiment_toml  # noqa: E402
 
@@ -192,29 +193,28 @@ def test_confirm_runs_best_toml_live_beside_the_arm_as_given(recorded):
     assert all(a["overall"]["answers"] == 3 and "replay" not in a for a in arms.values())  # live, on 3 questions
 
 
+@pytest.fixture(scope="module")
+def serial_tune(recorded):
+    """The one-process tune both parallel variants compare with (run once for both)."""
+    # tau: replay decides it exactly (projected seconds include the drafter's measured time).
+    single = _tune(recorded, "serial", "--trials", "4", "--arms", "ngram+chain", "--objective", "tau")
+    assert single.exit_code == 0, single.output
+    return recorded / "serial"
+
+
 @pytest.mark.parametrize("parallel", [("--workers", "2"), ("--ray", "local")], ids=["processes", "ray"])
-def test_parallel_trials_score_each_point_as_one_process_does(recorded, parallel):
+def test_parallel_trials_score_each_point_as_one_process_does(recorded, serial_tune, parallel):
     """Trials in spawned processes or Ray tasks share the journal study and replay exactly, so a
     point's tau is what the one-process tune scored it (the arm's own options, trial 0, at least)."""
     tmp = recorded
-    # tau: replay decides it exactly (projected seconds include the drafter's measured time).
-    single = _tune(tmp, "serial", "--trials", "4", "--arms", "ngram+chain", "--objective", "tau")
-    assert single.exit_code == 0, single.output
-    ray = None
     if parallel[0] == "--ray":
-        try:
-            import ray
-        except Exception as err:  # noqa: BLE001 - any import failure of ray: say why
-            pytest.skip(f"ray cannot import here: {err}")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        out = f"parallel-{parallel[0].strip('-')}"
-        result = _tune(tmp, out, "--trials", "4", "--arms", "ngram+chain", "--objective", "tau", *parallel)
-    finally:
-        if ray is not None:
-            ray.shutdown()
+        # The session's local Ray, which `--ray local` joins: starting and shutting down a Ray
+        # of its own here cost a start, and the next Ray test a restart.
+        start_local_ray()
+    out = f"parallel-{parallel[0].strip('-')}"
+    result = _tune(tmp, out, "--trials", "4", "--arms", "ngram+chain", "--objective", "tau", *parallel)
     assert result.exit_code == 0, result.output
-    serial = {tuple(sorted(t.params.items())): t.value for t in _trials(tmp / "serial", "ngram+chain")
+    serial = {tuple(sorted(t.params.items())): t.value for t in _trials(serial_tune, "ngram+chain")
               if t.state.name == "COMPLETE"}
     done = [t for t in _trials(tmp / out, "ngram+chain") if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(done) >= 4, [t.state.name for t in _trials(tmp / out, "ngram+chain")]
