@@ -8,7 +8,7 @@ Node 0 is the root: the last committed token, whose successor the target predict
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -90,16 +90,23 @@ class DraftTree:
         parents = parents.to(self.parents.device, torch.long)
         if ranks is None:
             ranks = torch.full_like(parents, -1)
-        return replace(
-            self,
+        return self._evolve(
             tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
             logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
             ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
             origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
-            _cache={},
         )
+
+    def _evolve(self, **changes: Any) -> "DraftTree":
+        """A copy with ``changes`` and an empty cache: ``dataclasses.replace`` without its
+        ``__init__`` round trip (a policy adds a layer at a time, every step)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        new._cache = {}
+        return new
 
     def _parent_depths(self, parents: torch.Tensor) -> torch.Tensor:
         """Depths of ``parents``, refusing indices outside the tree without a device read."""
@@ -283,14 +290,16 @@ class DraftTree:
         """
         self._check_shapes(budget)
         n = len(self)
-        idx = torch.arange(n, device=self.device)
-        parents = self.parents
-        ok = (parents[0] == -1) & (self.depths[0] == 0)
-        ok = ok & ((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()
-        ok = ok & (self.depths[1:] == self.depths[parents[1:].clamp(0, n - 1)] + 1).all()
-        twins = (parents[:, None] == parents[None, :]) & (self.tokens[:, None] == self.tokens[None, :])
-        ok = ok & ~(twins & ~torch.eye(n, dtype=torch.bool, device=self.device)).any()
-        return ok & torch.isfinite(self.logp).all()
+        parents, depths = self.parents, self.depths
+        below = parents[1:]
+        # Each drafted node: a parent before it, one layer above it.
+        linked = (below >= 0) & (below < torch.arange(1, n, device=self.device)) \
+            & (depths[1:] == depths[below.clamp(0, n - 1)] + 1)
+        # Siblings with one token share the key parent * 2^32 + token (token ids are below 2^31):
+        # every key must match itself only; the root's parent -1 keeps its key apart.
+        key = parents * 2**32 + self.tokens
+        distinct = (key[:, None] == key[None, :]).sum() == n
+        return (parents[0] == -1) & (depths[0] == 0) & linked.all() & distinct & torch.isfinite(self.logp).all()
 
     # ------------------------------------------------------------------ export
     def to_networkx(self):
