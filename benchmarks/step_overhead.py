@@ -10,7 +10,8 @@ in ms per decoding step with the prefill taken out:
   drafter's modules' forwards (forward pre/post hooks; 0 for model-free drafters) and the rest,
   policy, verify, kv, commit, emit, stop, record, callback, other;
 - engine = step - target - draft forwards; T(n) alone: the bare target tree forward of the arm's
-  mean node count (a chain) at the same context, median of repeats;
+  mean node count (a chain) at the arms' mean context (prompt + half the new tokens), median of
+  repeats, every size taking turns in each round;
 - prefill share and time to first token; check = |fields + prefill + set-up - wall| / wall
   (largest over the arm's generations).
 
@@ -199,38 +200,30 @@ def timed_baseline(runner: Any, prompt: list[int], tokens: int, eos: set[int], t
     acc.add("draft fwd", draft_clock.after(first)[0] if draft_clock is not None else 0.0)
 
 
-_FORWARDS: dict[tuple, float] = {}
-
-
-def chain_forward_ms(target: Any, n: int, context: int, reps: int) -> float:
-    """:func:`time_chain`, once per (target, n, context) in a process."""
-    key = (id(target), n, context)
-    if key not in _FORWARDS:
-        _FORWARDS[key] = time_chain(target, n, context, reps)
-    return _FORWARDS[key]
-
-
-def time_chain(target: Any, n: int, context: int, reps: int) -> float:
-    """Median ms of the bare target forward of an ``n``-node chain whose root sits at position
-    ``context - 1`` (the cache cut back after each)."""
+def chain_forwards_ms(target: Any, sizes: set[int], context: int, reps: int) -> dict[int, float]:
+    """Median ms of the bare target forward of an ``n``-node chain, for each ``n`` of ``sizes``,
+    whose root sits at position ``context - 1`` (the cache cut back after each). The sizes take
+    turns in every round, so a change of load hits them alike (their ratios stay comparable)."""
     from specframe.sizing.profile import balanced_tree
 
-    tree = balanced_tree(max(1, n), target.vocab_size, fanout=1)
-    tokens, mask, positions = tree.tokens.to(target.device), tree.ancestor_mask().to(target.device), \
-        tree.positions(context).to(target.device)
+    device = target.device
+    trees = {n: balanced_tree(max(1, n), target.vocab_size, fanout=1) for n in sorted(sizes)}
+    inputs = {n: (t.tokens.to(device), t.positions(context).to(device), t.ancestor_mask().to(device), len(t))
+              for n, t in trees.items()}
     target.reset()
-    target.causal_forward(torch.arange(context - 1, device=target.device) % target.vocab_size)
-    times = []
-    for rep in range(reps + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        target.tree_forward(tokens, positions, mask, max_position=context - 2 + len(tree))
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
-        if rep:
-            times.append(time.perf_counter() - start)
-        target.keep(context - 1, torch.empty(0, dtype=torch.long), contiguous=True)
+    target.causal_forward(torch.arange(context - 1, device=device) % target.vocab_size)
+    times: dict[int, list[float]] = {n: [] for n in inputs}
+    for rep in range(reps + 1):  # round 0 is a warm-up
+        for n, (tokens, positions, mask, size) in inputs.items():
+            start = time.perf_counter()
+            target.tree_forward(tokens, positions, mask, max_position=context - 2 + size)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep:
+                times[n].append(time.perf_counter() - start)
+            target.keep(context - 1, torch.empty(0, dtype=torch.long), contiguous=True)
     target.reset()
-    return statistics.median(times) * 1e3
+    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
 
 
 def load_pair(pair: str, prompts: int, tokens: int, threads: int) -> tuple[Any, ...]:
@@ -286,15 +279,17 @@ def measure_pair(pair: str, prompts: int, tokens: int, threads: int, reps: int =
                     with target_clock:
                         timed_baseline(runners[arm.name], ids[i], tokens, eos, target_clock, clocks[arm.name], acc)
             acc.context.append(len(ids[i]) + tokens // 2)
-    rows = [row_of(acc, target, reps) for acc in accs.values()]
+    context = round(statistics.mean(c for acc in accs.values() for c in acc.context))
+    sizes = {1} | {round(acc.nodes / max(1, acc.steps)) for acc in accs.values() if acc.kind != "hf"}
+    forward = chain_forwards_ms(target, sizes, context, reps)
+    rows = [row_of(acc, forward) for acc in accs.values()]
     return rows, [PAIRS[pair]["note"]] if "note" in PAIRS[pair] else []
 
 
-def row_of(acc: ArmTotals, target: Any, reps: int) -> dict:
-    """The table row of one arm: ms per step, shares, T(n) alone at its mean context."""
+def row_of(acc: ArmTotals, forward: dict[int, float]) -> dict:
+    """The table row of one arm: ms per step, shares, and T(n) alone (``forward``: ms by size)."""
     per = lambda f: acc.fields.get(f, 0.0) / max(1, acc.steps) * 1e3  # noqa: E731
     step = per("step")
-    context = round(statistics.mean(acc.context))
     row: dict[str, Any] = {"arm": acc.name, "kind": acc.kind, "tau": acc.tokens / max(1, acc.steps), "step ms": step,
                            "target": per("target"), "draft fwd": per("draft fwd"),
                            "prefill %": 100 * acc.prefill / acc.wall if acc.wall else None,
@@ -307,8 +302,8 @@ def row_of(acc: ArmTotals, target: Any, reps: int) -> dict:
         row.update({f: per(f) for f in FIELDS})
     if acc.kind != "hf":
         row["nodes/step"] = acc.nodes / max(1, acc.steps)
-        row["T(n) alone"] = chain_forward_ms(target, round(row["nodes/step"]), context, reps)
-        row["T(1) alone"] = chain_forward_ms(target, 1, context, reps)
+        row["T(n) alone"] = forward[round(row["nodes/step"])]
+        row["T(1) alone"] = forward[1]
     return row
 
 
