@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,6 +38,11 @@ class ArmOutput:
         trees: the engine's :class:`~specframe.decode.engine.StepView` of every step (tree, accepted
             path, stats; specframe arms only); the record keeps a few of them.
         nll: the tokens' negative log-likelihood under the target (nats, summed), when scored.
+        prefill_time: seconds of the target's forward over the prompt, None where the arm has
+            no separate prefill to time (transformers' arms merge it into their first
+            verification forward; a batch prefills its rows together).
+        time_to_first_token: seconds from the call to the first token on the host, None where
+            not measured.
     """
 
     tokens: list[int]
@@ -46,6 +52,8 @@ class ArmOutput:
     steps: list | None = None
     trees: list = field(default_factory=list)
     nll: float | None = None
+    prefill_time: float | None = None
+    time_to_first_token: float | None = None
 
 
 # ---------------------------------------------------------------------- options
@@ -103,30 +111,40 @@ class AutoregressiveRunner:
 
     def generate(self, prompt: list[int], max_new_tokens: int, eos: set[int], generator: Any = None) -> ArmOutput:
         """Greedy continuation of ``prompt``; stops after ``max_new_tokens`` or an EOS token."""
+        start = time.perf_counter()
         tgt = self.target
         tgt.reset()
+        before = time.perf_counter()
         # Only the last row is read: computing the prompt's other lm_head rows would tax the
         # baseline, which the speculative arms' prefill does not pay either.
         logits = tgt.causal_forward(torch.tensor(prompt, dtype=torch.long, device=tgt.device),
                                     last_logits_only=True).logits[0, -1]
         tokens: list[int] = []
+        prefill = first = None
         while True:
             tok = int(logits.max(dim=-1).indices)  # argmax's tie rule; 2.7x faster on the CPU
+            if first is None:  # the host read above waited for the prefill: it yields token one
+                first = time.perf_counter()
+                prefill = first - before
             tokens.append(tok)
             if len(tokens) >= max_new_tokens or tok in eos:
                 break
             logits = tgt.causal_forward(torch.tensor([tok], dtype=torch.long, device=tgt.device)).logits[0, -1]
-        return ArmOutput(tokens, target_forwards=len(tokens), draft_forwards=0, accept_lengths=[1] * len(tokens))
+        return ArmOutput(tokens, target_forwards=len(tokens), draft_forwards=0, accept_lengths=[1] * len(tokens),
+                         prefill_time=prefill, time_to_first_token=first - start)
 
 
 class _StepStreamer:
-    """A transformers streamer that records how many tokens each target forward emitted."""
+    """A transformers streamer that records how many tokens each target forward emitted, and
+    when (``perf_counter``: the tokens are on the host then)."""
 
     def __init__(self) -> None:
         self.puts: list[int] = []
+        self.times: list[float] = []
 
     def put(self, value: torch.Tensor) -> None:
         self.puts.append(int(value.numel()))
+        self.times.append(time.perf_counter())
 
     def end(self) -> None:
         pass
@@ -194,13 +212,18 @@ class HFGenerateRunner:
             pad_token_id=pad if pad is not None else (min(eos) if eos else 0), **self.generation,
         )
         streamer = _StepStreamer()
+        start = time.perf_counter()
         extra = {"assistant_model": self.assistant} if self.assistant is not None else {}
         with _quiet_transformers(), _counting_forwards(self.assistant) as drafts, self._assistant_settings():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                       streamer=streamer, **extra)
         tokens = out[0, len(prompt):].tolist()
         accept = streamer.puts[1:]  # the first put is the prompt
-        return ArmOutput(tokens, target_forwards=len(accept), draft_forwards=drafts[0], accept_lengths=accept)
+        # The prefill is merged into the first verification forward: only the time to the
+        # first token is measured honestly, the prefill alone is not (None).
+        first = streamer.times[1] - start if len(streamer.times) > 1 else None
+        return ArmOutput(tokens, target_forwards=len(accept), draft_forwards=drafts[0], accept_lengths=accept,
+                         time_to_first_token=first)
 
 
     @contextlib.contextmanager

@@ -11,6 +11,10 @@ Definitions (pinned in docs/experiments.md):
 - acceptance funnel: for every (depth, sibling rank), the fraction of verification steps whose
   accepted path holds a node of that depth and rank;
 - mismatches: for greedy arms, answers whose tokens differ from the autoregressive arm's;
+- TTFT: mean time to first token over the turns that recorded it (seconds);
+- prefill share: sum of prefill seconds / sum of wall seconds, over the turns that recorded a
+  prefill (records written before these keys, and arms that cannot time a prefill apart, have
+  none: the metric is None, not 0);
 - accuracy: share of answers whose last turn's text holds the question's reference answer
   (:mod:`specframe.experiments.accuracy`), over answers whose question has one; references come from
   run.json's ``"references"`` (question id as JSON -> answer), absent when there are none.
@@ -78,7 +82,19 @@ def totals(records: list[dict]) -> dict:
         "delta": draft / target if target else None,
         "tokens_per_s": tokens / wall if wall > 0 else None,
         "target_forwards_per_token": target / tokens if tokens else None,
+        **first_token(records),
     }
+
+
+def first_token(records: list[dict]) -> dict:
+    """``{"ttft": mean seconds to the first token, "prefill_share": prefill / wall}`` over the
+    turns that recorded them; None where no turn did."""
+    ttfts = [float(v) for r in records for v in (r.get("time_to_first_token") or []) if v is not None]
+    pairs = [(float(p), float(w)) for r in records
+             for p, w in zip(r.get("prefill_time") or [], r["choices"][0]["wall_time"]) if p is not None]
+    wall = sum(w for _, w in pairs)
+    return {"ttft": sum(ttfts) / len(ttfts) if ttfts else None,
+            "prefill_share": sum(p for p, _ in pairs) / wall if pairs and wall > 0 else None}
 
 
 def bootstrap_ratio_ci(num: np.ndarray, den: np.ndarray, level: float = 0.95, seed: int = 0) -> list[float] | None:

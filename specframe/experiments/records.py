@@ -57,6 +57,11 @@ def policy_budget(runner: Any) -> int | None:
         return None
 
 
+def _seconds(value: float | None) -> float | None:
+    """A per-turn time as the record keeps it (7 decimals, like the wall times)."""
+    return None if value is None else round(float(value), 7)
+
+
 def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, greedy: bool,
                 turns: list[tuple[list[int], ArmOutput, float, str]], trees_k: int,
                 text: TokenText | None = None, max_budget: int | None = None, explore: bool = False) -> AnswerRecord:
@@ -78,6 +83,8 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
     if steps and len(trees) == len(steps):  # the shape plot's x: read after the clock stopped
         columns["root_p"] = [root_confidence(v.tree) for v in trees]
     scored = all(o.nll is not None for o in outs)
+    prefill = [_seconds(getattr(o, "prefill_time", None)) for o in outs]
+    first = [_seconds(getattr(o, "time_to_first_token", None)) for o in outs]
     return AnswerRecord(
         question_id=question.question_id, category=question.category,
         answer_id=f"{arm.slug}/{question.question_id}/{repeat}", model_id=model_id, arm=arm.name,
@@ -86,6 +93,8 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
         output_ids=[o.tokens for o in outs], steps=columns,
         trees=_pick_trees(trees, None if explore else trees_k, text, max_budget),
         token_text=[text.pieces(o.tokens) for o in outs] if explore and text is not None else [],
+        prefill_time=prefill if any(v is not None for v in prefill) else None,
+        time_to_first_token=first if any(v is not None for v in first) else None,
         # per turn: the tokens' negative log-likelihood under the target (nats, summed)
         extra={"nll": [round(o.nll, 6) for o in outs]} if scored else {},
     )

@@ -11,7 +11,7 @@ from specframe.experiments.metrics import NEAR_TIE, load_run, summarize
 from specframe.experiments.pairing import device_lines
 from specframe.experiments.runs import RunDir, write_json
 
-COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "speedup", "95% CI",
+COLUMNS = ("arm", "answers", "tokens", "tau", "delta", "tokens/s", "TTFT ms", "prefill %", "speedup", "95% CI",
            "target fwd/token", "mismatches vs AR")
 ACCURACY = "accuracy"  # shown after COLUMNS only when some arm was scored against references
 QUALITY = ("NLL/token", "NLL gap")  # shown when answers were scored (a lossy arm, or score = true)
@@ -70,6 +70,13 @@ def _num(value: Any, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def first_token_cells(metrics: dict) -> list[str]:
+    """The "TTFT ms" and "prefill %" cells ("-" where the answers did not record them: runs
+    written before these fields, prefills no arm can time apart)."""
+    ttft, share = metrics.get("ttft"), metrics.get("prefill_share")
+    return [_num(None if ttft is None else ttft * 1000, 1), _num(None if share is None else share * 100, 1)]
+
+
 def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False, quality: bool = False) -> list[str]:
     """One table row: the columns of :data:`COLUMNS` as text, the accuracy if ``accuracy``,
     the NLL columns if ``quality``."""
@@ -79,7 +86,7 @@ def row(arm: dict, metrics: dict, baseline: str | None, accuracy: bool = False, 
     mism = agreement_cell(arm, metrics, baseline)
     return [
         arm["name"] + (" (replay)" if arm.get("replay") else ""), str(metrics["answers"]), str(metrics["tokens"]), _num(metrics["tau"]), _num(metrics["delta"]),
-        _num(metrics["tokens_per_s"], 1), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+        _num(metrics["tokens_per_s"], 1), *first_token_cells(metrics), speed, "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]",
         _num(metrics["target_forwards_per_token"], 3), mism,
     ] + ([accuracy_cell(metrics)] if accuracy else []) + (quality_cells(metrics) if quality else [])
 
@@ -141,6 +148,9 @@ def markdown(summary: dict, figures: dict[str, str], explorer: str | None = None
         "- delta: draft forwards per target forward.",
         "- speedup: autoregressive wall time / arm wall time over the same (question, repeat) answers; "
         "± is the standard deviation over repeats, the CI a bootstrap over questions.",
+        "- TTFT ms: mean time from a generation's call to its first token, over the turns that recorded it.",
+        "- prefill %: the target's forward over the prompt, as a share of the wall time of the turns that "
+        "recorded it (\"-\": not recorded; transformers' arms merge the prefill into their first forward).",
         "- target fwd/token: target forwards per emitted token (1 / tau).",
         "- mismatches vs AR: greedy answers whose tokens differ from the autoregressive arm's.",
         *(["- accuracy: share of answers (last turn) whose final number matches the question's reference "

@@ -40,6 +40,7 @@ class SpecRunner:
             tokens=list(out.tokens), target_forwards=len(out.steps),
             draft_forwards=sum(s.draft_forwards for s in out.steps),
             accept_lengths=[s.emitted for s in out.steps], steps=out.steps, trees=views, nll=out.nll,
+            prefill_time=out.prefill_time, time_to_first_token=out.time_to_first_token,
         )
 
     def prepare_batch(self, config: ExperimentConfig, prompts: list[list[int]], eos: set[int]) -> None:

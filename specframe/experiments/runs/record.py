@@ -65,6 +65,9 @@ class AnswerRecord:
     steps: dict[str, list] = field(default_factory=dict)  # StepStats as columns
     trees: list[dict] = field(default_factory=list)  # a few drawn trees (every step's in explorer questions)
     token_text: list[list[str]] = field(default_factory=list)  # per turn, each output token's text (explorer questions)
+    # per turn, seconds (None: not measured for that turn); absent from records written before them
+    prefill_time: list[float | None] | None = None
+    time_to_first_token: list[float | None] | None = None
     extra: dict = field(default_factory=dict)  # keys of other writers, kept as they are
 
     @property
@@ -80,7 +83,10 @@ class AnswerRecord:
             "tstamp": self.tstamp, "choices": [self.choice.to_dict()],
             "draft_forwards": self.draft_forwards, "prompt_tokens": self.prompt_tokens,
             "output_ids": self.output_ids, "steps": self.steps, "trees": self.trees,
-            **({"token_text": self.token_text} if self.token_text else {}), **self.extra,
+            **({"token_text": self.token_text} if self.token_text else {}),
+            **({"prefill_time": self.prefill_time} if self.prefill_time is not None else {}),
+            **({"time_to_first_token": self.time_to_first_token} if self.time_to_first_token is not None else {}),
+            **self.extra,
         }
 
     @classmethod
