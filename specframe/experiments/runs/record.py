@@ -65,7 +65,7 @@ class AnswerRecord:
     steps: dict[str, list] = field(default_factory=dict)  # StepStats as columns
     trees: list[dict] = field(default_factory=list)  # a few drawn trees (every step's in explorer questions)
     token_text: list[list[str]] = field(default_factory=list)  # per turn, each output token's text (explorer questions)
-    # per turn, seconds (None: not measured for that turn); absent from records written before them
+    # per turn, seconds (None where a turn was not measured); a record may lack them (the report shows "-")
     prefill_time: list[float | None] | None = None
     time_to_first_token: list[float | None] | None = None
     extra: dict = field(default_factory=dict)  # keys of other writers, kept as they are
