@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
@@ -468,10 +468,8 @@ class StepStats:
 
     @property
     def total_time(self) -> float:
-        """Whole step wall time (the sum of every time field)."""
-        return (self.draft_time + self.policy_time + self.target_time + self.verify_time + self.other_time
-                + self.kv_time + self.commit_time + self.emit_time + self.stop_time + self.record_time
-                + self.callback_time)
+        """Whole step wall time (the sum of every time field, :data:`TIME_FIELDS`)."""
+        return sum(getattr(self, name) for name in TIME_FIELDS)
 
     @property
     def overhead_time(self) -> float:
@@ -483,3 +481,7 @@ class StepStats:
     def engine_time(self) -> float:
         """The step less its target forward and its drafting: the engine's and the policy's share."""
         return self.total_time - self.target_time - self.draft_time
+
+
+#: The time fields of :class:`StepStats`, in declaration order: they partition a step's wall time.
+TIME_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepStats) if f.name.endswith("_time"))

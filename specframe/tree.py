@@ -8,7 +8,7 @@ Node 0 is the root: the last committed token, whose successor the target predict
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -90,23 +90,16 @@ class DraftTree:
         parents = parents.to(self.parents.device, torch.long)
         if ranks is None:
             ranks = torch.full_like(parents, -1)
-        return self._evolve(
+        return replace(
+            self,
             tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
             logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
             ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
             origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
+            _cache={},
         )
-
-    def _evolve(self, **changes: Any) -> "DraftTree":
-        """A copy with ``changes`` and an empty cache: ``dataclasses.replace`` without its
-        ``__init__`` round trip (a policy adds a layer at a time, every step)."""
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        new._cache = {}
-        return new
 
     def _parent_depths(self, parents: torch.Tensor) -> torch.Tensor:
         """Depths of ``parents``, refusing indices outside the tree without a device read."""

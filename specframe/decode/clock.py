@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import time
 
+from specframe.interfaces import TIME_FIELDS
+
 #: The fields a step's intervals are charged to (``StepStats`` attributes, seconds).
-FIELDS = ("draft_time", "policy_time", "target_time", "verify_time", "other_time", "kv_time",
-          "commit_time", "emit_time", "stop_time", "record_time", "callback_time")
+FIELDS = TIME_FIELDS
 
 
 class StepClock:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from specframe.interfaces import Drafter, StepStats, TreePolicy
+from specframe.interfaces import TIME_FIELDS, Drafter, StepStats, TreePolicy
 from specframe.tree import DraftTree
 
 
@@ -34,8 +34,8 @@ class GenerationOutput:
 
     @property
     def accounted_time(self) -> float:
-        """Set-up, prefill and every step's fields: the generation's wall time, less only the
-        few microseconds of the loop between steps."""
+        """Set-up, prefill and every step's fields: the generation's wall time (each step's
+        clock starts where the last ended, so nothing falls between them)."""
         return self.setup_time + self.prefill_time + sum(s.total_time for s in self.steps)
 
     @property
@@ -143,5 +143,4 @@ def row_share(stats: StepStats, live: int) -> StepStats:
 
 
 #: The step's fields every row of a batch shares (all but its own drafting and building).
-SHARED_FIELDS = ("target_time", "verify_time", "other_time", "kv_time", "commit_time", "emit_time",
-                 "stop_time", "record_time", "callback_time")
+SHARED_FIELDS = tuple(name for name in TIME_FIELDS if name not in ("draft_time", "policy_time"))

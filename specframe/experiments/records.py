@@ -83,8 +83,8 @@ def make_record(arm: ArmConfig, question: Question, repeat: int, model_id: str, 
     if steps and len(trees) == len(steps):  # the shape plot's x: read after the clock stopped
         columns["root_p"] = [root_confidence(v.tree) for v in trees]
     scored = all(o.nll is not None for o in outs)
-    prefill = [_seconds(getattr(o, "prefill_time", None)) for o in outs]
-    first = [_seconds(getattr(o, "time_to_first_token", None)) for o in outs]
+    prefill = [_seconds(o.prefill_time) for o in outs]
+    first = [_seconds(o.time_to_first_token) for o in outs]
     return AnswerRecord(
         question_id=question.question_id, category=question.category,
         answer_id=f"{arm.slug}/{question.question_id}/{repeat}", model_id=model_id, arm=arm.name,
