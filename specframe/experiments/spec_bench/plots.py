@@ -12,6 +12,7 @@ from specframe.experiments.spec_bench.tasks import TASKS
 def speedup_bars(summary: dict, path: Path) -> Path:
     """Speedup over the baseline per task and overall, one bar per arm (the baseline's 1.0 is
     the dashed line); written as PNG to ``path``."""
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -23,10 +24,12 @@ def speedup_bars(summary: dict, path: Path) -> Path:
     ax = fig.add_subplot(1, 1, 1)
     width = 0.8 / max(1, len(arms))
     x = np.arange(len(groups))
+    # The default cycle has ten colours: an eleventh arm would share the first one's.
+    cmap = colormaps["tab10" if len(arms) <= 10 else "tab20"]
     for i, arm in enumerate(arms):
         values = [(arm["speedup"] if key == "overall" else arm["tasks"].get(key, {}).get("speedup")) for key, _ in groups]
         ax.bar(x + (i - (len(arms) - 1) / 2) * width, [v if v is not None else 0.0 for v in values], width,
-               label=arm["arm"])
+               label=arm["arm"], color=cmap(i % cmap.N))
     ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
     ax.set_xticks(x, [label for _, label in groups])
     ax.set_ylabel(f"speedup over {summary['baseline']}")
