@@ -303,14 +303,28 @@ class NoResidualVerifier(SamplingVerifier):
         return last[0].to(tree.device), bonus[0].to(tree.device)
 
 
-def run_engine_case(arm, warp_name: str, verifier=None):
+def _drafter(name: str, target, draft):
+    """The engine-level cases' drafter: a draft model, or one that needs none."""
+    if name == "model":
+        return ("model", {"model": draft})
+    if name == "layerskip":  # the target drafting for itself with its (only) layer's MLP skipped
+        return ("layerskip", {"attn_skip": [False], "mlp_skip": [True]})
+    if name == "hydra":  # random grounded heads, built as the conformance suite builds them
+        from specframe.testing.fixtures import BUILTIN_DRAFTER_FACTORIES
+
+        return BUILTIN_DRAFTER_FACTORIES["specframe.drafters.hydra:HydraDrafter"](specframe.TargetModel(target))
+    raise ValueError(f"no engine-level case for drafter {name!r}")
+
+
+def run_engine_case(arm, warp_name: str, verifier=None, drafter: str = "model"):
     """Counts ``[V, V]`` of ``generate(max_new_tokens=2)`` over ``E2E_SAMPLES`` calls, and the
     number of accepted draft tokens."""
     target, draft = _models()
     warp = WARPS[warp_name]
-    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": draft}), policy=arm,
+    dec = specframe.SpecDecoder.build(target=target, drafter=_drafter(drafter, target, draft), policy=arm,
                                       verifier=verifier or ("sampling", warp))
-    gen = torch.Generator().manual_seed(_seed("e2e", arm[0], warp_name))
+    salt = () if drafter == "model" else (drafter,)
+    gen = torch.Generator().manual_seed(_seed("e2e", arm[0], warp_name, *salt))
     counts = torch.zeros(V, V, dtype=torch.long)
     accepted = 0
     for _ in range(E2E_SAMPLES):
@@ -326,6 +340,25 @@ def test_engine_first_two_tokens_follow_the_target(arm, warp_name):
     p_value = _check(counts, exact_two_tokens(_model_row, WARPS[warp_name]), f"engine {_arm_id(arm)} {warp_name}")
     assert accepted > E2E_SAMPLES // 10, "drafts are almost never accepted: the case would not test acceptance"
     assert p_value >= ALPHA, f"engine {_arm_id(arm)} at {warp_name}: chi-square p = {p_value:.3g} < {ALPHA}"
+
+
+#: Drafters without a draft model, at the engine level: the target drafting for itself
+#: (``layerskip``; under the i.i.d. chain its own rows are the q the verifier divides by) and
+#: Hydra's heads.
+DRAFTER_CASES = [
+    ("layerskip", CHAIN_SAMPLE, "T0.7"),
+    ("layerskip", ("talon", {"budget": 10}), "T1.0"),
+    ("hydra", ("talon", {"budget": 10}), "top_p0.9"),
+]
+
+
+@pytest.mark.parametrize("drafter, arm, warp_name", DRAFTER_CASES,
+                         ids=[f"{d}-{_arm_id(a)}-{w}" for d, a, w in DRAFTER_CASES])
+def test_engine_first_two_tokens_follow_the_target_for_self_drafting_and_hydra(drafter, arm, warp_name):
+    counts, accepted = run_engine_case(arm, warp_name, drafter=drafter)
+    p_value = _check(counts, exact_two_tokens(_model_row, WARPS[warp_name]), f"engine {drafter} {_arm_id(arm)} {warp_name}")
+    assert accepted > E2E_SAMPLES // 10, "drafts are almost never accepted: the case would not test acceptance"
+    assert p_value >= ALPHA, f"engine {drafter} {_arm_id(arm)} at {warp_name}: chi-square p = {p_value:.3g} < {ALPHA}"
 
 
 def test_engine_statistic_rejects_a_verifier_without_residual_update():
