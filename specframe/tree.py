@@ -221,7 +221,7 @@ class DraftTree:
         counts, as EAGLE's ``total_token``), a single root at index 0, topological order,
         depth = parent depth + 1, distinct sibling tokens and finite log-probs. Reads the tree's
         values back to the host as it goes: the engine runs it in strict mode only, and
-        otherwise to name what :meth:`valid_flag` found broken.
+        otherwise to name what its check of the step's read found broken.
         """
         self._check_shapes(budget)
         n = len(self)
@@ -278,8 +278,9 @@ class DraftTree:
         The shape and size checks need no device data, so a tree that breaks them raises
         :class:`InvalidTreeError` here at once (nothing may index with it). The value
         invariants (root, topological order, depths, distinct sibling tokens, finite log-probs)
-        become the flag, which the engine reads together with the verdict in its one read per
-        step; when it is False, :meth:`check_valid` names the broken invariant.
+        become the flag; when it is False, :meth:`check_valid` names the broken invariant. (The
+        engine checks the value invariants on the host instead, from the tree it reads with the
+        verdict: :func:`specframe.decode.read.tree_problem`.)
         """
         self._check_shapes(budget)
         n = len(self)
