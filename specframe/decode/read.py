@@ -62,7 +62,8 @@ def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     caller concatenates the pieces of every row (and anything else the step reads) once and
     reads them in one transfer; :func:`unpack_step` parses each row's slice. ``ok`` is the
     device part of the tree's validity (its log-probs are finite)."""
-    return [torch.stack((ok.long(), bonus.long(), last.long())), tree.parents, tree.tokens, tree.ranks, tree.depths]
+    # stack and cat promote the flag and any integer dtype to one integer dtype: no casts.
+    return [torch.stack((ok, bonus, last)), tree.parents, tree.tokens, tree.ranks, tree.depths]
 
 
 def tree_problem(parents: list[int], tokens: list[int], depths: list[int], root: int | None) -> str:
