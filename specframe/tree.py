@@ -59,14 +59,10 @@ class DraftTree:
     @classmethod
     def root(cls, token: int, device: torch.device | str | None = None) -> "DraftTree":
         """A tree holding only the root node with the given token."""
-        long = dict(dtype=torch.long, device=device)
-        return cls(
-            tokens=torch.tensor([int(token)], **long),
-            parents=torch.tensor([-1], **long),
-            depths=torch.tensor([0], **long),
-            logp=torch.zeros(1, dtype=torch.float32, device=device),
-            ranks=torch.tensor([-1], **long),
-        )
+        # One tensor split into its four one-element views: two ops where four tensors took four.
+        tokens, parents, depths, ranks = torch.tensor([int(token), -1, 0, -1], dtype=torch.long, device=device).split(1)
+        return cls(tokens=tokens, parents=parents, depths=depths,
+                   logp=torch.zeros(1, dtype=torch.float32, device=device), ranks=ranks)
 
     def add_nodes(
         self,
@@ -87,16 +83,16 @@ class DraftTree:
         Raises :class:`InvalidTreeError` when a parent is not in the tree (CPU trees; on other
         devices the check would cost a device read, so the engine's validity check names it).
         """
-        parents = parents.to(self.parents.device, torch.long)
+        parents = _on(parents, self.parents.device, torch.long)
         if ranks is None:
             ranks = torch.full_like(parents, -1)
         return replace(
             self,
-            tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
+            tokens=torch.cat([self.tokens, _on(tokens, self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
-            logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
-            ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
+            logp=torch.cat([self.logp, _on(logp, self.logp.device, self.logp.dtype)]),
+            ranks=torch.cat([self.ranks, _on(ranks, self.ranks.device, torch.long)]),
             origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
             _cache={},
         )
@@ -312,6 +308,14 @@ class DraftTree:
     def describe(self) -> str:
         """One-line shape summary, e.g. ``size=60 depth=7 widths=[1, 10, 14, ...]``."""
         return f"size={len(self)} depth={self.max_depth} widths={self.width_per_depth()}"
+
+
+def _on(values: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` on ``device`` in ``dtype``; itself where it already is (a no-op ``to`` is
+    still a dispatched op, and a tree grows one layer at a time)."""
+    if values.dtype == dtype and values.device == device:
+        return values
+    return values.to(device, dtype)
 
 
 def drafted_paths(tree: DraftTree, nodes: torch.Tensor | list[int]) -> list[tuple[int, ...]]:
