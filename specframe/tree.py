@@ -102,7 +102,7 @@ class DraftTree:
         n = len(self)
         if parents.device.type != "cpu":
             # Out-of-range indices would be a device-side assert: clamp, and let the engine's
-            # validity flag / check_valid (parents[i] < i) name the broken node.
+            # validity check / check_valid (parents[i] < i) name the broken node.
             return self.depths[parents.clamp(0, n - 1)]
         try:
             return self.depths[parents]
@@ -174,7 +174,7 @@ class DraftTree:
             mask = torch.eye(n, dtype=torch.bool, device=self.device)
             rows = torch.arange(n, device=self.device)
             # The root is its own parent, so jumping past it is a no-op; the upper clamp keeps a
-            # broken tree from indexing out of range before the engine reads its validity flag.
+            # broken tree from indexing out of range before the engine checks the tree it reads.
             jump = self.parents.clamp(0, n - 1)
             mask[rows, jump] = True
             for _ in range(max(0, n - 1).bit_length()):

@@ -77,7 +77,7 @@ class SpecDecoder:
     target forward, and the verifier's decision is in range after it. It names a broken plugin
     at the step that broke it, but reads the device several times per step. Off, the engine
     still refuses every invalid tree with an :class:`EngineError` naming the invariant, from
-    the validity flag it reads with the verdict in its one host read per step. None (default):
+    the tree it reads with the verdict in its one host read per step. None (default):
     on iff the ``SPECFRAME_STRICT`` environment variable is set (the pytest plugin sets it, so
     tests run strict). The output is the same either way.
     """
