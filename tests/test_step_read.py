@@ -87,3 +87,21 @@ def test_engine_names_each_broken_invariant_outside_strict_mode(fields, message)
                                       policy=_Broken(**fields), strict=False)
     with pytest.raises(specframe.EngineError, match=f"policy 'broken' returned an invalid tree: {message}"):
         dec.generate([5, 6, 7], max_new_tokens=4)
+
+
+class _OutOfRange(specframe.Verifier):
+    """Returns a node the tree does not have."""
+
+    name = "out-of-range"
+
+    def verify(self, tree, target_logits, generator=None):
+        return torch.tensor(len(tree)), target_logits[0].argmax()
+
+
+def test_a_node_outside_the_tree_is_named_outside_strict_mode_too():
+    # The path is walked on the host from the read, which sees the node's range for free.
+    target = tiny_model("llama", seed=0)
+    dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": target}), policy="chain",
+                                      verifier=_OutOfRange(None), strict=False)
+    with pytest.raises(specframe.EngineError, match=r"verifier 'out-of-range' returned node \d+ of a \d+-node tree"):
+        dec.generate([5, 6, 7], max_new_tokens=4)
