@@ -217,7 +217,8 @@ class NgramDrafter(Drafter):
         each row's ranked entries, padded with the lowest ids it leaves ``-inf`` (what the tie
         rule picks). A 49152-token vocabulary made the dense path cost about 0.5 ms a row,
         several times the lookup."""
-        node_list = torch.as_tensor(nodes).flatten().tolist()
+        nodes = torch.as_tensor(nodes)
+        node_list = (nodes if nodes.dim() == 1 else nodes.flatten()).tolist()
         k = min(int(k), self.vocab_size)
         values: list[list[float]] = []
         tokens: list[list[int]] = []
@@ -227,8 +228,10 @@ class NgramDrafter(Drafter):
             tokens.append(toks)
         rows = len(node_list)
         device = tree.device
-        out_values = torch.tensor(values, dtype=torch.float32, device=device).view(rows, k)
-        out_tokens = torch.tensor(tokens, dtype=torch.long, device=device).view(rows, k)
+        out_values = torch.tensor(values, dtype=torch.float32, device=device)
+        out_tokens = torch.tensor(tokens, dtype=torch.long, device=device)
+        if not rows:  # [] is shape (0,): the rows' shape needs saying only then
+            out_values, out_tokens = out_values.view(0, k), out_tokens.view(0, k)
         return out_values, out_tokens, torch.arange(k, device=device).expand(rows, k)
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:

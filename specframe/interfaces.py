@@ -331,7 +331,7 @@ class Verifier(ABC):
 
         The accepted path is the root path to ``last`` (``last = 0``: no drafted token
         accepted). Returning tensors, not Python ints, lets a verifier decide on the device:
-        the engine reads the path, its tokens, the bonus and the tree's validity flag back in
+        the engine reads the verdict, the tree and its finiteness flag back in
         ONE transfer per step, so anything that reads the device here (``int(t)``,
         ``t.tolist()``, ``nonzero``) makes every step wait for the GPU once more.
 

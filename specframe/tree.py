@@ -59,14 +59,10 @@ class DraftTree:
     @classmethod
     def root(cls, token: int, device: torch.device | str | None = None) -> "DraftTree":
         """A tree holding only the root node with the given token."""
-        long = dict(dtype=torch.long, device=device)
-        return cls(
-            tokens=torch.tensor([int(token)], **long),
-            parents=torch.tensor([-1], **long),
-            depths=torch.tensor([0], **long),
-            logp=torch.zeros(1, dtype=torch.float32, device=device),
-            ranks=torch.tensor([-1], **long),
-        )
+        # One tensor split into its four one-element views: two ops where four tensors took four.
+        tokens, parents, depths, ranks = torch.tensor([int(token), -1, 0, -1], dtype=torch.long, device=device).split(1)
+        return cls(tokens=tokens, parents=parents, depths=depths,
+                   logp=torch.zeros(1, dtype=torch.float32, device=device), ranks=ranks)
 
     def add_nodes(
         self,
@@ -87,16 +83,16 @@ class DraftTree:
         Raises :class:`InvalidTreeError` when a parent is not in the tree (CPU trees; on other
         devices the check would cost a device read, so the engine's validity check names it).
         """
-        parents = parents.to(self.parents.device, torch.long)
+        parents = _on(parents, self.parents.device, torch.long)
         if ranks is None:
             ranks = torch.full_like(parents, -1)
         return replace(
             self,
-            tokens=torch.cat([self.tokens, tokens.to(self.tokens.device, torch.long)]),
+            tokens=torch.cat([self.tokens, _on(tokens, self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
-            logp=torch.cat([self.logp, logp.to(self.logp.device, self.logp.dtype)]),
-            ranks=torch.cat([self.ranks, ranks.to(self.ranks.device, torch.long)]),
+            logp=torch.cat([self.logp, _on(logp, self.logp.device, self.logp.dtype)]),
+            ranks=torch.cat([self.ranks, _on(ranks, self.ranks.device, torch.long)]),
             origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
             _cache={},
         )
@@ -106,7 +102,7 @@ class DraftTree:
         n = len(self)
         if parents.device.type != "cpu":
             # Out-of-range indices would be a device-side assert: clamp, and let the engine's
-            # validity flag / check_valid (parents[i] < i) name the broken node.
+            # validity check / check_valid (parents[i] < i) name the broken node.
             return self.depths[parents.clamp(0, n - 1)]
         try:
             return self.depths[parents]
@@ -178,7 +174,7 @@ class DraftTree:
             mask = torch.eye(n, dtype=torch.bool, device=self.device)
             rows = torch.arange(n, device=self.device)
             # The root is its own parent, so jumping past it is a no-op; the upper clamp keeps a
-            # broken tree from indexing out of range before the engine reads its validity flag.
+            # broken tree from indexing out of range before the engine checks the tree it reads.
             jump = self.parents.clamp(0, n - 1)
             mask[rows, jump] = True
             for _ in range(max(0, n - 1).bit_length()):
@@ -221,7 +217,7 @@ class DraftTree:
         counts, as EAGLE's ``total_token``), a single root at index 0, topological order,
         depth = parent depth + 1, distinct sibling tokens and finite log-probs. Reads the tree's
         values back to the host as it goes: the engine runs it in strict mode only, and
-        otherwise to name what :meth:`valid_flag` found broken.
+        otherwise to name what its check of the step's read found broken.
         """
         self._check_shapes(budget)
         n = len(self)
@@ -278,8 +274,9 @@ class DraftTree:
         The shape and size checks need no device data, so a tree that breaks them raises
         :class:`InvalidTreeError` here at once (nothing may index with it). The value
         invariants (root, topological order, depths, distinct sibling tokens, finite log-probs)
-        become the flag, which the engine reads together with the verdict in its one read per
-        step; when it is False, :meth:`check_valid` names the broken invariant.
+        become the flag; when it is False, :meth:`check_valid` names the broken invariant. (The
+        engine checks the value invariants on the host instead, from the tree it reads with the
+        verdict: :func:`specframe.decode.read.tree_problem`.)
         """
         self._check_shapes(budget)
         n = len(self)
@@ -311,6 +308,14 @@ class DraftTree:
     def describe(self) -> str:
         """One-line shape summary, e.g. ``size=60 depth=7 widths=[1, 10, 14, ...]``."""
         return f"size={len(self)} depth={self.max_depth} widths={self.width_per_depth()}"
+
+
+def _on(values: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` on ``device`` in ``dtype``; itself where it already is (a no-op ``to`` is
+    still a dispatched op, and a tree grows one layer at a time)."""
+    if values.dtype == dtype and values.device == device:
+        return values
+    return values.to(device, dtype)
 
 
 def drafted_paths(tree: DraftTree, nodes: torch.Tensor | list[int]) -> list[tuple[int, ...]]:

@@ -106,23 +106,27 @@ class ChainPolicy(AutoSizedPolicy):
         gamma = growth.nodes - 1 if growth.auto else min(self.gamma, growth.nodes - 1)
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
-        node, drawn_from = 0, []
+        drawn_from = []
+        # The newest node as a one-element tensor, made once per layer: the next layer's
+        # expanded node and parent; its cumulative log-prob, carried (the root's is 0).
+        node, cumulative = torch.zeros(1, dtype=torch.long, device=tree.device), tree.logp
         # A drafter may carry its own stop (Draft & Verify's adaptive threshold, `layerskip`).
         threshold = self.options.confidence_threshold if self.options.confidence_stop else \
             getattr(session.drafter, "stop_threshold", None)
         for i in range(gamma):
             if self.options.sample:
-                logp = session.expand(tree, [node])
+                logp = session.expand(tree, node)
                 q = draft_distribution(logp)
                 tokens = sample_iid(q, 1, generator)
                 values, ranks = torch.gather(logp, -1, tokens), rank_in_row(logp, tokens)
                 drawn_from.append(q[0])
             else:
-                values, tokens, ranks = session.expand_top(tree, [node], 1)
-            tree = tree.add_nodes(torch.tensor([node]), tokens[0], tree.logp[node] + values[0], ranks[0])
-            node = len(tree) - 1
+                values, tokens, ranks = session.expand_top(tree, node, 1)
+            cumulative = cumulative + values[0]
+            tree = tree.add_nodes(node, tokens[0], cumulative, ranks[0])
+            node = torch.tensor([len(tree) - 1], device=tree.device)
             unsure = threshold is not None and float(values[0, 0].exp()) < threshold
-            if growth.stop(tree, torch.tensor([node], device=tree.device), last=unsure or i + 1 == gamma):
+            if growth.stop(tree, node, last=unsure or i + 1 == gamma):
                 break
         tree = finite_prefix(tree)
         if not self.options.sample:

@@ -21,9 +21,11 @@ def greedy_leaf(tree: DraftTree, target_logits: torch.Tensor) -> tuple[torch.Ten
     argmax = target_logits.max(dim=-1).indices.to(tree.device)
     match = tree.tokens == argmax[tree.parents.clamp(min=0)]
     match[0] = True
-    accepted = (tree.ancestor_mask() & ~match[None, :]).sum(dim=1) == 0
-    depth = torch.where(accepted, tree.depths, torch.full_like(tree.depths, -1))
-    last = depth.argmax()
+    # Accepted: every ancestor-or-self matches (the mask implies the match, row by row).
+    accepted = (tree.ancestor_mask() <= match).all(dim=1)
+    # The accepted nodes have distinct depths; the others count as depth 0, so the argmax is the
+    # deepest accepted node, or the root (index 0, the first of equal maxima) when none is.
+    last = (tree.depths * accepted).argmax()
     return last, argmax[last]
 
 

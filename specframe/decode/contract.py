@@ -2,9 +2,10 @@
 
 A policy must return a valid tree within the engine's budget whose root is the last committed
 token; a verifier must return ``(last, bonus)`` as 0-dim integer tensors on the tree's device.
-Checking everything on the host costs device reads every step, so by default the engine checks
-shapes on the host and folds the rest into one device flag that travels with the verdict's one
-read; strict mode (tests, the conformance suite) checks everything before the target runs.
+Checking everything before the forward costs device reads every step, so by default the engine
+checks shapes on the host, folds the log-probs' finiteness into one device flag, and checks the
+value invariants on the host from the tree that travels with the verdict's one read; strict mode
+(tests, the conformance suite) checks everything before the target runs.
 """
 
 from __future__ import annotations
@@ -41,18 +42,21 @@ def reject_tree(policy: str, tree: DraftTree, root: int, limit: int) -> None:
 
 
 def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool) -> torch.Tensor:
-    """The tree's validity as a 0-dim device flag, to read with the verdict.
+    """The device part of the tree's validity, a 0-dim flag to read with the verdict: its
+    log-probs are finite.
 
     Shapes and size are known on the host and must hold before anything indexes with the tree,
-    so breaking them raises now; strict mode checks every invariant now.
+    so breaking them raises now; strict mode checks every invariant now. The value invariants
+    (root, order, depths, distinct siblings) are checked on the host after the step's one read,
+    which carries the tree's parents, tokens and depths (:func:`specframe.decode.read.tree_problem`).
     """
     if strict:
         reject_tree(policy, tree, root, limit)
     try:
-        flag = tree.valid_flag(limit)
+        tree._check_shapes(limit)
     except InvalidTreeError as err:
         raise EngineError(f"policy {policy!r} returned an invalid tree: {err}") from err
-    return flag & (tree.tokens[0] == root)
+    return torch.isfinite(tree.logp).all()
 
 
 def checked_decision(verifier: str, tree: DraftTree, decision: Any, vocab_size: int,

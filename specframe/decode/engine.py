@@ -77,7 +77,7 @@ class SpecDecoder:
     target forward, and the verifier's decision is in range after it. It names a broken plugin
     at the step that broke it, but reads the device several times per step. Off, the engine
     still refuses every invalid tree with an :class:`EngineError` naming the invariant, from
-    the validity flag it reads with the verdict in its one host read per step. None (default):
+    the tree it reads with the verdict in its one host read per step. None (default):
     on iff the ``SPECFRAME_STRICT`` environment variable is set (the pytest plugin sets it, so
     tests run strict). The output is the same either way.
     """
@@ -382,7 +382,7 @@ class SpecDecoder:
             bonus = checked_root_tokens(verifier.name, bonus, len(off), trees[off[0]].device,
                                         self.target.vocab_size, self.strict)
         batched = set(off) if bonus is not None else set()
-        records, paths = [], []
+        pieces = []
         for b, (row, tree, limit, ok, row_logits) in enumerate(zip(rows, trees, limits, flags, logits)):
             if b in batched:
                 continue
@@ -392,29 +392,31 @@ class SpecDecoder:
                 last, bonus_b = checked_decision(verifier.name, tree, verifier.verify(tree, row_logits, row.generator),
                                                  self.target.vocab_size, self.strict)
             except Exception:
-                # An invalid tree (its flag is not read yet) can break a verifier: name the tree.
+                # An invalid tree (not checked yet) can break a verifier: name the tree.
                 reject_tree(row.policy.name, tree, row.committed[-1], limit)
                 raise
-            packed, path = pack_step(tree, last, bonus_b, ok)
-            records.append(packed)
-            paths.append(path)
+            pieces += pack_step(tree, last, bonus_b, ok)
         if batched:
-            records.append(bonus.reshape(-1).long())
-        records += side_records
-        flat = (records[0] if len(records) == 1 else torch.cat(records)).tolist()  # the step's one host read
+            pieces.append(bonus.reshape(-1).long())
+        pieces += side_records
+        flat = (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).tolist()  # the step's one host read
         flat = side.give(flat)  # the side argmax ride at the end
         roots = iter(flat[len(flat) - len(batched):])
-        reads, at, path_of = [], 0, iter(paths)
+        reads, at = [], 0
         for b, (row, tree, limit) in enumerate(zip(rows, trees, limits)):
             if b in batched:
                 reads.append(root_read(next(roots), tree.device))
                 continue
             size = packed_size(len(tree))
-            read = unpack_step(len(tree), flat[at : at + size], next(path_of))
+            try:
+                read = unpack_step(len(tree), flat[at : at + size], tree.device, row.committed[-1])
+            except ValueError as err:
+                raise EngineError(f"verifier {verifier.name!r} {err}: verify must return the deepest "
+                                  f"accepted node and the bonus token") from err
             at += size
             if not read.ok:
-                reject_tree(row.policy.name, tree, row.committed[-1], limit)
-                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree")
+                reject_tree(row.policy.name, tree, row.committed[-1], limit)  # names it as strict mode would
+                raise EngineError(f"policy {row.policy.name!r} returned an invalid tree: {read.problem}")
             reads.append(read)
         return reads
 

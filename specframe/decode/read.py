@@ -1,10 +1,13 @@
 """What the host needs from one verified step, read back from the device in one transfer.
 
-On a GPU every ``int(tensor)`` waits for all queued kernels. The engine packs the accepted
-path, its tokens and ranks, the bonus token, the tree's widths, the number of children of the
-last accepted node and its validity flag into one tensor and reads it once per step;
-``specframe.testing.reference.read_verdict`` is the plain reference that gets the same record
-from a host-side verdict.
+On a GPU every ``int(tensor)`` waits for all queued kernels. The engine packs the verdict (the
+deepest accepted node and the bonus token), the tree's finiteness flag and the tree's parents,
+tokens, ranks and depths into one tensor with one ``cat`` and reads it once per step; the host
+derives the rest (the accepted path, its tokens and ranks, the widths, the children of the last
+accepted node) with plain loops over those lists, and checks the tree's value invariants on them
+too (:func:`tree_problem`), where the device would take a dozen small kernels for what the host
+does in microseconds. ``specframe.testing.reference.read_verdict`` is the plain reference that
+gets the same record from a host-side verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class StepRead:
         children: children of the last accepted node (the root when nothing was accepted);
             0 where the accepted path ended at a leaf, so the next depth was never tested.
             -1: not read.
+        problem: what :func:`tree_problem` found broken when ``ok`` is False ("" otherwise).
     """
 
     ok: bool
@@ -39,52 +43,84 @@ class StepRead:
     widths: list[int]
     contiguous: bool
     children: int = -1
+    problem: str = ""
 
 
 def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> StepRead:
     """One device-to-host read for the verdict ``(last, bonus)`` of ``tree`` and flag ``ok``."""
-    packed, path = pack_step(tree, last, bonus, ok)
-    return unpack_step(len(tree), packed.tolist(), path)
+    return unpack_step(len(tree), torch.cat(pack_step(tree, last, bonus, ok)).tolist(), tree.device)
 
 
 def packed_size(n: int) -> int:
-    """Ints in :func:`pack_step`'s record of an ``n``-node tree: flag, bonus, then path,
-    tokens, ranks and widths (``n`` each), then the last accepted node's child count."""
+    """Ints in :func:`pack_step`'s record of an ``n``-node tree: flag, bonus and last accepted
+    node, then the tree's parents, tokens, ranks and depths (``n`` each)."""
     return 3 + 4 * n
 
 
-def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor,
-              ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's record as one device tensor of :func:`packed_size` ints, and the path tensor
-    (-1 padded) it lists; batched decoding concatenates the records of all sequences and reads
-    them in one transfer (:func:`unpack_step` parses each slice)."""
-    n = len(tree)
-    on_path = tree.ancestor_mask()[last]
-    # Ancestors have distinct depths, so scattering node ids by depth lists the path in order;
-    # every other node lands in the spare slot n, which is dropped.
-    slot = torch.where(on_path, tree.depths.clamp(0, n - 1), n)
-    path = torch.full((n + 1,), -1, dtype=torch.long, device=tree.device)
-    path.scatter_(0, slot, torch.arange(n, device=tree.device))
-    path = path[:n]
-    widths = torch.zeros(n, dtype=torch.long, device=tree.device)
-    widths.scatter_add_(0, tree.depths.clamp(0, n - 1), torch.ones_like(tree.depths))
-    safe = path.clamp(min=0)
-    # Whether the accepted path stopped at a leaf, counted where the tree lives and read with the rest.
-    children = (tree.parents == last).sum().reshape(1)
-    packed = torch.cat([
-        ok.reshape(1).long(), bonus.reshape(1).long(), path, tree.tokens[safe], tree.ranks[safe], widths, children,
-    ])
-    return packed, path
+def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> list[torch.Tensor]:
+    """The step's record as the pieces of one ``cat`` (:func:`packed_size` ints in all): the
+    caller concatenates the pieces of every row (and anything else the step reads) once and
+    reads them in one transfer; :func:`unpack_step` parses each row's slice. ``ok`` is the
+    device part of the tree's validity (its log-probs are finite)."""
+    # stack and cat promote the flag and any integer dtype to one integer dtype: no casts.
+    return [torch.stack((ok, bonus, last)), tree.parents, tree.tokens, tree.ranks, tree.depths]
 
 
-def unpack_step(n: int, packed: list[int], path: torch.Tensor) -> StepRead:
-    """The :class:`StepRead` of a host copy of :func:`pack_step`'s record for an ``n``-node tree."""
-    length = sum(1 for p in packed[2 : 2 + n] if p >= 0)
-    nodes = packed[2 : 2 + length]
-    tokens = packed[2 + n + 1 : 2 + n + length]
-    ranks = packed[2 + 2 * n + 1 : 2 + 2 * n + length]
-    width_list = packed[2 + 3 * n : 2 + 4 * n]
-    depth = max((d for d, w in enumerate(width_list) if w), default=0)
-    return StepRead(ok=bool(packed[0]), path=path[:length], tokens=tokens + [packed[1]], ranks=ranks,
-                    widths=width_list[: depth + 1], contiguous=nodes == list(range(length)),
-                    children=int(packed[2 + 4 * n]))
+def tree_problem(parents: list[int], tokens: list[int], depths: list[int], root: int | None) -> str:
+    """The first broken value invariant of a tree given as host lists, or "" when none is:
+    node 0 is the root (parent -1, depth 0, token ``root`` when given), every other node's
+    parent precedes it, its depth is its parent's plus one, and siblings carry distinct tokens.
+    One plain loop over the nodes (no call per node: tests/test_step_calls.py counts calls)."""
+    if parents[0] != -1 or depths[0] != 0:
+        return "node 0 must be the root: parents[0] == -1 and depths[0] == 0"
+    if root is not None and tokens[0] != root:
+        return f"root token {tokens[0]} is not the last committed token {root}"
+    seen = set()
+    for i in range(1, len(parents)):
+        p = parents[i]
+        if not 0 <= p < i:
+            return f"topological order violated at node {i}: parent {p} must satisfy 0 <= parent < {i}"
+        if depths[i] != depths[p] + 1:
+            return f"depth of node {i} is {depths[i]}, expected parent depth + 1 = {depths[p] + 1}"
+        key = (p, tokens[i])
+        if key in seen:
+            return f"siblings must have distinct tokens: parent {p} has token {tokens[i]} more than once"
+        seen.add(key)
+    return ""
+
+
+def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int | None = None) -> StepRead:
+    """The :class:`StepRead` of a host copy of :func:`pack_step`'s record for an ``n``-node tree.
+
+    The tree's value invariants are checked first (:func:`tree_problem`, and the root token is
+    ``root`` when given); a broken tree gives ``ok=False`` with the ``problem`` named and nothing
+    derived. The path tensor is written to ``device`` from the host (a write, not a read).
+    Raises ValueError when the tree is valid but the verdict's last node is not one of its nodes."""
+    parents = packed[3 : 3 + n]
+    tokens = packed[3 + n : 3 + 2 * n]
+    depths = packed[3 + 3 * n : 3 + 4 * n]
+    problem = "" if packed[0] else "a node has a non-finite draft log-prob"
+    problem = problem or tree_problem(parents, tokens, depths, root)
+    if problem:
+        return StepRead(ok=False, path=torch.zeros(0, dtype=torch.long), tokens=[], ranks=[], widths=[],
+                        contiguous=False, children=-1, problem=problem)
+    last = packed[2]
+    if not 0 <= last < n:
+        raise ValueError(f"returned node {last} of a {n}-node tree")
+    ranks = packed[3 + 2 * n : 3 + 3 * n]
+    path = [last]
+    node = last
+    while node > 0:
+        node = parents[node]
+        path.append(node)
+    path.reverse()
+    accepted_tokens, accepted_ranks = [], []
+    for node in path[1:]:
+        accepted_tokens.append(tokens[node])
+        accepted_ranks.append(ranks[node])
+    accepted_tokens.append(packed[1])
+    widths = [0] * (max(depths) + 1)
+    for d in depths:
+        widths[d] += 1
+    return StepRead(ok=True, path=torch.tensor(path, device=device), tokens=accepted_tokens, ranks=accepted_ranks,
+                    widths=widths, contiguous=path == list(range(len(path))), children=parents.count(last))

@@ -71,9 +71,10 @@ def _preallocated_layer_class():
         def get_seq_length(self) -> int:
             return self.length
 
-        def keep(self, start: int, slots: torch.Tensor) -> None:
+        def keep(self, start: int, slots: torch.Tensor, contiguous: bool = False) -> None:
             n = int(slots.numel())
-            if n:
+            # Contiguous slots (0..n-1) already sit right behind the prefix: nothing to move.
+            if n and not contiguous:
                 # Advanced indexing copies first, so overlapping source/destination is safe.
                 self._kbuf[..., start : start + n, :] = self._kbuf[..., start + slots, :]
                 self._vbuf[..., start : start + n, :] = self._vbuf[..., start + slots, :]
@@ -302,11 +303,13 @@ class TargetModel:
             contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
         for layer in self.cache.layers:
             if self.cache_kind == "preallocated":
-                layer.keep(start, slots)
+                layer.keep(start, slots, contiguous)
                 continue
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
             if contiguous:
+                if layer.keys.shape[-2] == start + n:  # the whole tree was kept: nothing to drop
+                    continue
                 layer.keys = layer.keys[..., : start + n, :]
                 layer.values = layer.values[..., : start + n, :]
             else:
