@@ -13,29 +13,11 @@ from hypothesis import given, strategies as st
 import specframe
 from specframe.decode.read import tree_problem
 from specframe.testing.models import tiny_model
-from specframe.testing.strategies import draft_trees
-from specframe.tree import DraftTree, InvalidTreeError
+from specframe.testing.strategies import draft_trees, maybe_broken_trees
+from specframe.tree import InvalidTreeError
 
 
-@st.composite
-def maybe_broken_trees(draw):
-    """Valid trees, and trees with one value invariant broken at a random node."""
-    tree = draw(draft_trees(max_nodes=24))
-    n = len(tree)
-    what = draw(st.sampled_from(["none", "parents", "depths", "tokens"]))
-    i = draw(st.integers(0, n - 1))
-    t = {k: getattr(tree, k).clone() for k in ("tokens", "parents", "depths", "logp", "ranks")}
-    if what == "parents":
-        t["parents"][i] = draw(st.integers(-1, n))
-    elif what == "depths":
-        t["depths"][i] += draw(st.integers(-2, 2))
-    elif what == "tokens" and i > 0:
-        siblings = (t["parents"] == t["parents"][i]).nonzero().flatten().tolist()
-        t["tokens"][i] = t["tokens"][draw(st.sampled_from(siblings))]
-    return DraftTree(**t)
-
-
-@given(maybe_broken_trees())
+@given(maybe_broken_trees(fields=("parents", "depths", "tokens")))
 def test_host_check_agrees_with_check_valid(tree):
     try:
         tree.check_valid()

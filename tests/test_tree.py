@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from specframe.testing.strategies import draft_trees
+from specframe.testing.strategies import draft_trees, maybe_broken_trees
 from specframe.tree import DraftTree, InvalidTreeError
 
 
@@ -123,26 +123,6 @@ def test_non_finite_logp_is_rejected():
     tree = DraftTree.root(3).add_nodes(torch.tensor([0]), torch.tensor([4]), torch.tensor([float("-inf")]))
     with pytest.raises(InvalidTreeError, match="non-finite draft log-prob"):
         tree.check_valid()
-
-
-@st.composite
-def maybe_broken_trees(draw):
-    """Valid trees, and trees with one invariant broken at a random node."""
-    tree = draw(draft_trees(max_nodes=24))
-    n = len(tree)
-    field_ = draw(st.sampled_from(["none", "parents", "depths", "tokens", "logp"]))
-    i = draw(st.integers(0, n - 1))
-    t = {k: getattr(tree, k).clone() for k in ("tokens", "parents", "depths", "logp", "ranks")}
-    if field_ == "parents":
-        t["parents"][i] = draw(st.integers(-1, n))
-    elif field_ == "depths":
-        t["depths"][i] += draw(st.integers(-2, 2))
-    elif field_ == "tokens" and i > 0:
-        siblings = (t["parents"] == t["parents"][i]).nonzero().flatten().tolist()
-        t["tokens"][i] = t["tokens"][draw(st.sampled_from(siblings))]
-    elif field_ == "logp":
-        t["logp"][i] = draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), -1.0]))
-    return DraftTree(**t)
 
 
 @given(maybe_broken_trees())

@@ -37,6 +37,29 @@ def draft_trees(draw, max_nodes: int = 64, vocab_size: int = 64, max_children: i
     )
 
 
+@st.composite
+def maybe_broken_trees(draw, fields: tuple[str, ...] = ("parents", "depths", "tokens", "logp"),
+                       max_nodes: int = 24) -> DraftTree:
+    """Valid trees, and trees with one invariant of ``fields`` broken at a random node (a parent
+    out of order, a depth off by up to two, a sibling's token repeated, a non-finite or other
+    log-prob): what a tree's validity checks must tell apart."""
+    tree = draw(draft_trees(max_nodes=max_nodes))
+    n = len(tree)
+    field = draw(st.sampled_from(("none",) + tuple(fields)))
+    i = draw(st.integers(0, n - 1))
+    t = {k: getattr(tree, k).clone() for k in ("tokens", "parents", "depths", "logp", "ranks")}
+    if field == "parents":
+        t["parents"][i] = draw(st.integers(-1, n))
+    elif field == "depths":
+        t["depths"][i] += draw(st.integers(-2, 2))
+    elif field == "tokens" and i > 0:
+        siblings = (t["parents"] == t["parents"][i]).nonzero().flatten().tolist()
+        t["tokens"][i] = t["tokens"][draw(st.sampled_from(siblings))]
+    elif field == "logp":
+        t["logp"][i] = draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), -1.0]))
+    return DraftTree(**t)
+
+
 def prompts(vocab_size: int = 64, min_len: int = 1, max_len: int = 64):
     """Prompt token-id lists (ids 2.. so that the tiny models' bos/eos ids stay special)."""
     return st.lists(st.integers(2, vocab_size - 1), min_size=min_len, max_size=max_len)
