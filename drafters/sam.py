@@ -68,6 +68,11 @@ class SamDrafterOptions:
         alpha: alone: a match of m tokens drafts ``min(n_predicts, 1 + int(m * alpha)) - 1``.
         auxiliary: the drafter of the steps whose match is short: a registered name or
             ``[name, {options}]``; none: the automata draft every step.
+        auxiliary_depth: with ``auxiliary``: the levels the auxiliary drafts on its steps
+            (nodes of depth below it); deeper nodes get the fallback row without an auxiliary
+            forward. One policy shapes both sources' trees, so a policy deep enough for the
+            automata's drafts would otherwise run the auxiliary at every level, where SAMD
+            switches to the auxiliary's own tree (EAGLE-2's depth 5). None: every level.
         datastore: a static automaton's folder (``specframe datastore build --kind sam``).
         top_k: alone, from the static automaton: continuations per node (the authors' ``K``).
         fallback_prob: probability of the fallback token (token 0) in a row with no candidate.
@@ -78,6 +83,7 @@ class SamDrafterOptions:
     len_bias: int = tunable(5, low=0, high=10)
     alpha: float = tunable(4.0, low=0.5, high=8.0)
     auxiliary: Any = None
+    auxiliary_depth: int | None = None
     datastore: str | None = None
     top_k: int = 8
     fallback_prob: float = 1e-6
@@ -92,6 +98,9 @@ class SamDrafterOptions:
                 and math.isfinite(self.alpha), "alpha", f"must be a number > 0, got {self.alpha!r}")
         if self.auxiliary is not None:
             split_entry(self.auxiliary, "auxiliary")
+        require(self.auxiliary_depth is None or (isinstance(self.auxiliary_depth, int)
+                and not isinstance(self.auxiliary_depth, bool) and self.auxiliary_depth >= 1), "auxiliary_depth",
+                f"must be an int >= 1 or None (every level), got {self.auxiliary_depth!r}")
         require(self.datastore is None or isinstance(self.datastore, str), "datastore",
                 f"must be the path of a SAM datastore folder (specframe datastore build --kind sam), "
                 f"got {self.datastore!r}")
@@ -253,19 +262,42 @@ class SamDrafter(Drafter):
         return [self.ranked(path) for path in drafted_paths(tree, nodes)]
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
-        """Log-probs ``[len(nodes), V]``: the auxiliary's on its steps, else the automata's rows."""
-        if self.choice().source == "auxiliary":
-            return self.auxiliary.expand(tree, nodes)
+        """Log-probs ``[len(nodes), V]``: the auxiliary's on its steps (to ``auxiliary_depth``),
+        else the automata's rows."""
+        return self._dispatch(tree, nodes, self.auxiliary.expand if self.auxiliary is not None else None,
+                              self._own_expand)
+
+    def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`expand` then :func:`specframe.topk_per_row`, built from the rows' few candidates."""
+        aux = None if self.auxiliary is None else lambda t, n: self.auxiliary.expand_top(t, n, k)
+        return self._dispatch(tree, nodes, aux, lambda t, n: self._own_expand_top(t, n, k))
+
+    def _dispatch(self, tree: DraftTree, nodes: torch.Tensor, auxiliary: Any, own: Any) -> Any:
+        """``own(tree, nodes)`` on the automata's steps; on the auxiliary's, ``auxiliary`` for
+        the nodes above ``auxiliary_depth`` and ``own`` (the fallback row) below, rows in order."""
+        if self.choice().source != "auxiliary":
+            return own(tree, nodes)
+        limit = self.options.auxiliary_depth
+        deep = [False] * len(nodes) if limit is None else [d >= limit for d in tree.depths[nodes].tolist()]
+        if not any(deep):
+            return auxiliary(tree, nodes)
+        if all(deep):
+            return own(tree, nodes)
+        keep = torch.tensor([not d for d in deep], device=nodes.device)
+        near, far = auxiliary(tree, nodes[keep]), own(tree, nodes[~keep])
+        order = torch.cat([keep.nonzero().flatten(), (~keep).nonzero().flatten()]).argsort()
+        if isinstance(near, torch.Tensor):
+            return torch.cat([near, far.to(near.device)])[order.to(near.device)]
+        return tuple(torch.cat([a, b.to(a.device)])[order.to(a.device)] for a, b in zip(near, far))
+
+    def _own_expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         rows = self._own_rows(tree, nodes)
         out = torch.full((len(rows), self.vocab_size), float("-inf"), dtype=torch.float32)
         for r, (vals, toks) in enumerate(rows):
             out[r, torch.tensor(toks)] = torch.tensor(vals, dtype=torch.float32)
         return out.to(tree.device)
 
-    def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`expand` then :func:`specframe.topk_per_row`, built from the rows' few candidates."""
-        if self.choice().source == "auxiliary":
-            return self.auxiliary.expand_top(tree, nodes, k)
+    def _own_expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         k = min(int(k), self.vocab_size)
         values, ids = [], []
         for vals, toks in self._own_rows(tree, nodes):
@@ -278,7 +310,6 @@ class SamDrafter(Drafter):
         return (torch.tensor(values, dtype=torch.float32, device=device).view(n, k),
                 torch.tensor(ids, dtype=torch.long, device=device).view(n, k),
                 torch.arange(k, device=device).expand(n, k))
-
 
 def _until_separator(tokens: list[int]) -> list[int]:
     """``tokens`` up to the first negative one (a corpus without end-of-sequence token separates

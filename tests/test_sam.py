@@ -90,6 +90,27 @@ def test_the_auxiliary_drafts_where_the_match_is_short():
     assert samd.steps_by_source["dynamic"] == 1 and samd.steps_by_source["auxiliary"] == 1
 
 
+def test_the_auxiliary_drafts_only_above_auxiliary_depth():
+    target = TargetModel(tiny_target())
+    samd = _sam(target, auxiliary="ngram", len_threshold=50, auxiliary_depth=2)
+    ngram = make_plugin("drafters", "ngram", target)
+    for path in ([], [30]):  # nodes of depth 0 and 1: the auxiliary's rows
+        assert torch.equal(_rows(samd, REPEAT, path), _rows(ngram, REPEAT, path))
+    deep = _rows(samd, REPEAT, [30, 2])  # depth 2: the fallback row, no auxiliary forward
+    assert deep[PAD] == pytest.approx(math.log(1e-6)) and torch.isfinite(deep).sum() == 1
+    # One call over nodes on both sides of the limit keeps the rows in the nodes' order.
+    samd.begin(torch.tensor(REPEAT))
+    tree = DraftTree.root(REPEAT[-1])
+    for parent, token in ((0, 30), (1, 2), (0, 31)):
+        tree = tree.add_nodes(torch.tensor([parent]), torch.tensor([token]), torch.tensor([0.0]))
+    nodes = torch.tensor([2, 1, 3])  # depths 2, 1, 1
+    values, tokens, _ = samd.expand_top(tree, nodes, 3)
+    for row, node in enumerate(nodes.tolist()):
+        alone = samd.expand_top(tree, torch.tensor([node]), 3)
+        assert torch.equal(values[row], alone[0][0]) and torch.equal(tokens[row], alone[1][0])
+    assert torch.equal(samd.expand(tree, nodes)[0], deep)
+
+
 def test_with_an_auxiliary_the_draft_starts_where_n_predicts_tokens_follow():
     """``to_anc``: the match's first occurrence leaves too few tokens, a shorter match's does not."""
     target = TargetModel(tiny_target())
@@ -114,6 +135,7 @@ def test_the_static_automaton_drafts_a_tree_of_frequent_continuations():
 @pytest.mark.parametrize("options, bad", [({"n_predicts": 0}, "n_predicts"), ({"len_bias": -1}, "len_bias"),
                                           ({"alpha": 0}, "alpha"), ({"auxiliary": 3}, "auxiliary"),
                                           ({"auxiliary": ["recycle", 3]}, "auxiliary"),
+                                          ({"auxiliary_depth": 0}, "auxiliary_depth"),
                                           ({"fallback_prob": 0.0}, "fallback_prob"), ({"top_k": 0}, "top_k")])
 def test_bad_options_name_the_option(options, bad):
     with pytest.raises(OptionError, match=f"'{bad}'"):
@@ -169,6 +191,7 @@ def _variants(target) -> dict[str, dict]:
         "sam+static": {"datastore": corpus_store()},
         "samd[recycle]": {"auxiliary": "recycle", "len_threshold": 2},
         "samd[ngram]+static": {"auxiliary": "ngram", "len_threshold": 2, "len_bias": 1, "datastore": corpus_store()},
+        "samd[ngram]-depth-1": {"auxiliary": "ngram", "len_threshold": 2, "auxiliary_depth": 1},
         "samd[eagle3]": {"auxiliary": ["eagle3", {"head": random_head(target, "eagle3", seed=2, draft_vocab_size=40)}],
                          "len_threshold": 2},
     }
