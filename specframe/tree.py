@@ -220,34 +220,9 @@ class DraftTree:
         otherwise to name what its check of the step's read found broken.
         """
         self._check_shapes(budget)
-        n = len(self)
-        if int(self.parents[0]) != -1 or int(self.depths[0]) != 0:
-            raise InvalidTreeError("node 0 must be the root: parents[0] == -1 and depths[0] == 0")
-        idx = torch.arange(n, device=self.device)
-        bad = torch.nonzero((self.parents[1:] < 0) | (self.parents[1:] >= idx[1:])).flatten()
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise InvalidTreeError(
-                f"topological order violated at node {i}: parent {int(self.parents[i])} "
-                f"must satisfy 0 <= parent < {i}"
-            )
-        bad = torch.nonzero(self.depths[1:] != self.depths[self.parents[1:]] + 1).flatten()
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise InvalidTreeError(
-                f"depth of node {i} is {int(self.depths[i])}, expected parent depth + 1 = "
-                f"{int(self.depths[self.parents[i]]) + 1}"
-            )
-        if n > 1:
-            key = self.parents[1:] * (int(self.tokens.max()) + 1) + self.tokens[1:]
-            uniq, counts = torch.unique(key, return_counts=True)
-            if bool((counts > 1).any()):
-                dup = int(uniq[counts > 1][0])
-                v = int(self.tokens.max()) + 1
-                raise InvalidTreeError(
-                    f"siblings must have distinct tokens: parent {dup // v} has token {dup % v} "
-                    "more than once"
-                )
+        problem = tree_problem(self.parents.tolist(), self.tokens.tolist(), self.depths.tolist(), None)
+        if problem:
+            raise InvalidTreeError(problem)
         if not bool(torch.isfinite(self.logp).all()):
             i = int(torch.nonzero(~torch.isfinite(self.logp)).flatten()[0])
             raise InvalidTreeError(f"node {i} has a non-finite draft log-prob {float(self.logp[i])}")
@@ -316,6 +291,29 @@ def _on(values: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch
     if values.dtype == dtype and values.device == device:
         return values
     return values.to(device, dtype)
+
+
+def tree_problem(parents: list[int], tokens: list[int], depths: list[int], root: int | None) -> str:
+    """The first broken value invariant of a tree given as host lists, or "" when none is:
+    node 0 is the root (parent -1, depth 0, token ``root`` when given), every other node's
+    parent precedes it, its depth is its parent's plus one, and siblings carry distinct tokens.
+    One plain loop over the nodes (no call per node: tests/test_step_calls.py counts calls)."""
+    if parents[0] != -1 or depths[0] != 0:
+        return "node 0 must be the root: parents[0] == -1 and depths[0] == 0"
+    if root is not None and tokens[0] != root:
+        return f"root token {tokens[0]} is not the last committed token {root}"
+    seen = set()
+    for i in range(1, len(parents)):
+        p = parents[i]
+        if not 0 <= p < i:
+            return f"topological order violated at node {i}: parent {p} must satisfy 0 <= parent < {i}"
+        if depths[i] != depths[p] + 1:
+            return f"depth of node {i} is {depths[i]}, expected parent depth + 1 = {depths[p] + 1}"
+        key = (p, tokens[i])
+        if key in seen:
+            return f"siblings must have distinct tokens: parent {p} has token {tokens[i]} more than once"
+        seen.add(key)
+    return ""
 
 
 def drafted_paths(tree: DraftTree, nodes: torch.Tensor | list[int]) -> list[tuple[int, ...]]:

@@ -48,7 +48,7 @@ def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool)
     Shapes and size are known on the host and must hold before anything indexes with the tree,
     so breaking them raises now; strict mode checks every invariant now. The value invariants
     (root, order, depths, distinct siblings) are checked on the host after the step's one read,
-    which carries the tree's parents, tokens and depths (:func:`specframe.decode.read.tree_problem`).
+    which carries the tree's parents, tokens and depths (:func:`specframe.tree.tree_problem`).
     """
     if strict:
         reject_tree(policy, tree, root, limit)

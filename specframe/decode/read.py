@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, tree_problem  # noqa: F401 (the engine's host check, re-exported)
 
 
 @dataclass
@@ -64,29 +64,6 @@ def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     device part of the tree's validity (its log-probs are finite)."""
     # stack and cat promote the flag and any integer dtype to one integer dtype: no casts.
     return [torch.stack((ok, bonus, last)), tree.parents, tree.tokens, tree.ranks, tree.depths]
-
-
-def tree_problem(parents: list[int], tokens: list[int], depths: list[int], root: int | None) -> str:
-    """The first broken value invariant of a tree given as host lists, or "" when none is:
-    node 0 is the root (parent -1, depth 0, token ``root`` when given), every other node's
-    parent precedes it, its depth is its parent's plus one, and siblings carry distinct tokens.
-    One plain loop over the nodes (no call per node: tests/test_step_calls.py counts calls)."""
-    if parents[0] != -1 or depths[0] != 0:
-        return "node 0 must be the root: parents[0] == -1 and depths[0] == 0"
-    if root is not None and tokens[0] != root:
-        return f"root token {tokens[0]} is not the last committed token {root}"
-    seen = set()
-    for i in range(1, len(parents)):
-        p = parents[i]
-        if not 0 <= p < i:
-            return f"topological order violated at node {i}: parent {p} must satisfy 0 <= parent < {i}"
-        if depths[i] != depths[p] + 1:
-            return f"depth of node {i} is {depths[i]}, expected parent depth + 1 = {depths[p] + 1}"
-        key = (p, tokens[i])
-        if key in seen:
-            return f"siblings must have distinct tokens: parent {p} has token {tokens[i]} more than once"
-        seen.add(key)
-    return ""
 
 
 def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int | None = None) -> StepRead:
