@@ -36,6 +36,7 @@ O(max_ngram) dictionary probes per node plus the size of the winning continuatio
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,7 @@ class NgramDrafter(Drafter):
         super().__init__(options, target)
         self.index = NgramIndex(options.max_ngram, options.decay)
         self._ranked: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
+        self._rank_rows: dict[tuple, torch.Tensor] = {}
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Index the prompt; forget earlier generations."""
@@ -200,9 +202,14 @@ class NgramDrafter(Drafter):
         return self.fallback()
 
     def _rank(self, toks: list[int], logw: list[float]) -> tuple[list[float], list[int]]:
-        """Continuations and their log-weights -> normalised float32 log-probs, ranked."""
-        logw_t = torch.tensor(logw, dtype=torch.float64)
-        logp = (logw_t - torch.logsumexp(logw_t, 0)).float().tolist()  # float32 values, exactly
+        """Continuations and their log-weights -> normalised float32 log-probs, ranked.
+
+        Plain floats, not tensors: a handful of continuations took four torch calls (about
+        0.1 ms a lookup on the CPU) for what the host does in microseconds. The float64
+        log-sum-exp is rounded once to float32, as a tensor's ``.float()`` rounds it."""
+        top = max(logw)
+        total = top + math.log(math.fsum(math.exp(w - top) for w in logw))
+        logp = array("f", [w - total for w in logw]).tolist()  # float32 values, exactly
         pairs = sorted((-v, t) for v, t in zip(logp, toks) if t < self.vocab_size)
         return [-v for v, _ in pairs], [t for _, t in pairs]
 
@@ -210,7 +217,7 @@ class NgramDrafter(Drafter):
         """The single fallback entry used when nothing matches (as :meth:`ranked` gives it)."""
         tok = self.index.most_frequent if self.index.most_frequent is not None else 0
         tok = tok if tok < self.vocab_size else 0
-        return torch.tensor([math.log(self.options.fallback_prob)]).tolist(), [tok]
+        return array("f", [math.log(self.options.fallback_prob)]).tolist(), [tok]
 
     def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`expand` followed by :func:`specframe.topk_per_row`, without the dense rows:
@@ -232,7 +239,15 @@ class NgramDrafter(Drafter):
         out_tokens = torch.tensor(tokens, dtype=torch.long, device=device)
         if not rows:  # [] is shape (0,): the rows' shape needs saying only then
             out_values, out_tokens = out_values.view(0, k), out_tokens.view(0, k)
-        return out_values, out_tokens, torch.arange(k, device=device).expand(rows, k)
+        return out_values, out_tokens, self._ranks(rows, k, device)
+
+    def _ranks(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
+        """``arange(k)`` per row, made once per shape (a chain asks for [1, 1] every layer)."""
+        key = (rows, k, device)
+        ranks = self._rank_rows.get(key)
+        if ranks is None:
+            ranks = self._rank_rows[key] = torch.arange(k, device=device).expand(rows, k)
+        return ranks
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """One lookup over all requested nodes: log-probs ``[len(nodes), V]``, ``-inf`` where unseen."""
