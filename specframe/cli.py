@@ -126,8 +126,11 @@ DEMO_CONFIGS = {
               help="With --ray: workers, each holding one device (default: the cluster's GPUs, else CPUs / threads).")
 @click.option("--allow-mixed-devices", is_flag=True,
               help="Report answers timed on devices of different kinds (the report says speedups pool them).")
+@click.option("--plots/--no-plots", default=True,
+              help="Draw the report's figures (`specframe report RUN_DIR` draws them later).")
 def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, trace_dir: Path | None,
-                curve: Path | None, ray_address: str | None, workers: int | None, allow_mixed_devices: bool) -> None:
+                curve: Path | None, ray_address: str | None, workers: int | None, allow_mixed_devices: bool,
+                plots: bool) -> None:
     """Run the experiment CONFIG (TOML): every arm on the same prompts, then report.
 
     Re-running the same command resumes: answers already on disk are not recomputed. With
@@ -139,13 +142,13 @@ def run_command(config: Path, out: Path | None, fresh: bool, progress: bool, tra
         if curve is not None:
             raise click.UsageError("--curve needs --replay")
         _run_config(config, out, fresh, progress, ray_address=ray_address, workers=workers,
-                    allow_mixed_devices=allow_mixed_devices)
+                    allow_mixed_devices=allow_mixed_devices, plots=plots)
         return
     if ray_address is not None:
         raise click.UsageError("--ray shards live runs; a replay runs in one process (sweep --ray shards replays)")
     from specframe.replay.cli import replay_config
 
-    replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary)
+    replay_config(config, trace_dir, out, curve, fresh, progress, _console(), _print_summary, plots=plots)
 
 
 @cli.command("load")

@@ -119,7 +119,7 @@ def traced(tmp_path_factory):
     chain = '\n[[arm]]\nname = "chain3"\npolicy = "chain"\npolicy_options = { gamma = 3 }\n'
     (tmp / "exp.toml").write_text(textwrap.dedent(tiny_experiment_toml("tiny-acc", 12, output="live")) + chain)
     runner = CliRunner()
-    for args in (["run", str(tmp / "exp.toml"), "--no-progress"],
+    for args in (["run", str(tmp / "exp.toml"), "--no-progress", "--no-plots"],
                  ["record", str(tmp / "exp.toml"), "--out", str(tmp / "trace"), "--no-progress"]):
         result = runner.invoke(cli, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output

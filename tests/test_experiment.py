@@ -243,6 +243,23 @@ def test_cli_run_resumes_and_prints_the_table(full_run):
     assert f"0 answers computed, {2 * N_PROMPTS} reused" in result.output
 
 
+def test_cli_run_without_plots_links_no_figure_and_report_draws_them(full_run, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specframe.cli import cli
+
+    cfg, outcome = full_run
+    run = tmp_path / "copy"
+    shutil.copytree(outcome.out_dir, run, ignore=shutil.ignore_patterns("plots"))
+    result = CliRunner().invoke(cli, ["run", str(cfg.source), "--out", str(run), "--no-progress", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert not (run / "plots").exists() and "plots/" not in (run / "report.md").read_text()
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0  # the figures, later
+    assert "plots/speedup.png" in (run / "report.md").read_text() and (run / "plots" / "speedup.png").is_file()
+
+
 def test_cli_run_reports_config_errors_without_traceback(tmp_path):
     from click.testing import CliRunner
 

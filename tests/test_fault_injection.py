@@ -46,7 +46,8 @@ PROMPTS = [f"ab ab ab {i} ab ab ab" for i in range(4)]
 
 def specframe(*args: str | Path, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     """Run the real CLI in a process of its own; ``check``: fail the test on a non-zero exit."""
-    done = cli_processes.run(*args, "--no-progress", cwd=cwd, env=ENV, timeout=300)
+    plots = ("--no-plots",) if args[0] == "run" else ()  # the figures would be most of a run's time
+    done = cli_processes.run(*args, "--no-progress", *plots, cwd=cwd, env=ENV, timeout=300)
     if check:
         assert done.returncode == 0, done.stdout + done.stderr
     return done

@@ -89,7 +89,9 @@ def assert_one_line_error(result_output: str, *fragments: str) -> str:
 
 
 def invoke(*args: str) -> "click.testing.Result":  # noqa: F821
-    return CliRunner().invoke(cli, list(args))
+    # A run's figures would be most of its time, and no test here reads them.
+    plots = ["--no-plots"] if args[:1] == ("run",) and "--help" not in args else []
+    return CliRunner().invoke(cli, [*args, *plots])
 
 
 def specframe_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

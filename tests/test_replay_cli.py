@@ -35,7 +35,7 @@ def recorded(tmp_path_factory):
     (tmp / "exp.toml").write_text(textwrap.dedent(CONFIG))
     (tmp / "sweep.toml").write_text(textwrap.dedent(SWEEP))
     runner = CliRunner()
-    for args in (["run", str(tmp / "exp.toml"), "--no-progress"],
+    for args in (["run", str(tmp / "exp.toml"), "--no-progress", "--no-plots"],
                  ["record", str(tmp / "exp.toml"), "--out", str(tmp / "trace"), "--no-progress"]):
         result = runner.invoke(cli, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output

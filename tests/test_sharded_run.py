@@ -25,7 +25,8 @@ _config = demo_config
 
 
 def _run(config: Path, out: Path, *extra: str):
-    return CliRunner().invoke(cli, ["run", str(config), "--out", str(out), "--no-progress", *extra])
+    # --no-plots: the figures were most of a run's time here and no test reads them.
+    return CliRunner().invoke(cli, ["run", str(config), "--out", str(out), "--no-progress", "--no-plots", *extra])
 
 
 def _answers(out: Path) -> dict[tuple, dict]:

@@ -28,9 +28,11 @@ def make_console() -> Any:
 
 
 def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool, title: str | None = None,
-               ray_address: str | None = None, workers: int | None = None, allow_mixed_devices: bool = False) -> None:
+               ray_address: str | None = None, workers: int | None = None, allow_mixed_devices: bool = False,
+               plots: bool = True) -> None:
     """Validate, run (resuming), write the report, print the summary table and where the files are.
-    With ``ray_address`` the answers are computed by ``workers`` Ray actors (docs/distributed.md)."""
+    With ``ray_address`` the answers are computed by ``workers`` Ray actors (docs/distributed.md);
+    ``plots``: draw the report's figures (about 0.3 s each: most of a small run's time)."""
     from specframe.experiments.config import ConfigError, load_config
     from specframe.experiments.experiment import ExperimentError, run_experiment
     from specframe.experiments.report import write_report
@@ -52,7 +54,7 @@ def run_config(config_path: Path, out: Path | None, fresh: bool, progress: bool,
             from specframe.experiments.cluster.driver import run_sharded
 
             outcome = run_sharded(config, out_dir, ray_address, workers, fresh=fresh, progress=progress, console=console)
-        summary = write_report(outcome.out_dir, allow_mixed_devices=allow_mixed_devices)
+        summary = write_report(outcome.out_dir, plots=plots, allow_mixed_devices=allow_mixed_devices)
     except ExperimentError as err:
         raise click.ClickException(one_line(err)) from err
     except KeyboardInterrupt:

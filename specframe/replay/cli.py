@@ -52,8 +52,9 @@ def record_config(config_path: Path, out: Path, progress: bool, console: Any, ra
 
 
 def replay_config(config_path: Path, trace_dir: Path, out: Path | None, curve: Path | None, fresh: bool,
-                  progress: bool, console: Any, print_summary: Callable) -> None:
-    """Replay ``config_path`` over ``trace_dir``, write the report and print its table."""
+                  progress: bool, console: Any, print_summary: Callable, plots: bool = True) -> None:
+    """Replay ``config_path`` over ``trace_dir``, write the report (its figures where ``plots``)
+    and print its table."""
     from specframe.experiments.report import write_report
     from specframe.replay.runner import replay_experiment
 
@@ -62,7 +63,7 @@ def replay_config(config_path: Path, trace_dir: Path, out: Path | None, curve: P
         outcome = replay_experiment(config, trace_dir, out, curve=curve, fresh=fresh, progress=progress, console=console)
     except KeyboardInterrupt:
         exit_interrupted(console, "answers")
-    summary = write_report(outcome.out_dir)
+    summary = write_report(outcome.out_dir, plots=plots)
     console.print(f"Replayed over {trace_dir}; {summary['replay']['projection']}", markup=False)
     print_summary(console, summary, f"{outcome.computed} answers replayed. ", outcome.out_dir,
                   f"{summary.get('name')} (replayed, projected times)")
