@@ -45,7 +45,7 @@ import torch
 from specframe.interfaces import Drafter
 from specframe.options import require
 from specframe.search_space import tunable
-from specframe.selection import pad_top
+from specframe.selection import sparse_top
 from specframe.tree import DraftTree
 
 
@@ -155,7 +155,6 @@ class NgramDrafter(Drafter):
         super().__init__(options, target)
         self.index = NgramIndex(options.max_ngram, options.decay)
         self._ranked: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
-        self._rank_rows: dict[tuple, torch.Tensor] = {}
 
     def begin(self, prompt_ids: torch.Tensor, target_hidden: Any = None) -> None:
         """Index the prompt; forget earlier generations."""
@@ -226,28 +225,8 @@ class NgramDrafter(Drafter):
         several times the lookup."""
         nodes = torch.as_tensor(nodes)
         node_list = (nodes if nodes.dim() == 1 else nodes.flatten()).tolist()
-        k = min(int(k), self.vocab_size)
-        values: list[list[float]] = []
-        tokens: list[list[int]] = []
-        for node in node_list:
-            vals, toks = pad_top(*self.ranked(self.query_suffix(tree, int(node))), k, self.vocab_size)
-            values.append(vals)
-            tokens.append(toks)
-        rows = len(node_list)
-        device = tree.device
-        out_values = torch.tensor(values, dtype=torch.float32, device=device)
-        out_tokens = torch.tensor(tokens, dtype=torch.long, device=device)
-        if not rows:  # [] is shape (0,): the rows' shape needs saying only then
-            out_values, out_tokens = out_values.view(0, k), out_tokens.view(0, k)
-        return out_values, out_tokens, self._ranks(rows, k, device)
-
-    def _ranks(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
-        """``arange(k)`` per row, made once per shape (a chain asks for [1, 1] every layer)."""
-        key = (rows, k, device)
-        ranks = self._rank_rows.get(key)
-        if ranks is None:
-            ranks = self._rank_rows[key] = torch.arange(k, device=device).expand(rows, k)
-        return ranks
+        rows = [self.ranked(self.query_suffix(tree, int(node))) for node in node_list]
+        return sparse_top(rows, k, self.vocab_size, tree.device)
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """One lookup over all requested nodes: log-probs ``[len(nodes), V]``, ``-inf`` where unseen."""

@@ -37,6 +37,7 @@ changes) and advances both matches; a step's lookup is one transition; a row wal
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ import torch
 from specframe.interfaces import Drafter, wants_prompt_logits
 from specframe.options import require
 from specframe.search_space import tunable
-from specframe.selection import pad_top
+from specframe.selection import sparse_top
 from specframe.tree import DraftTree, drafted_paths
 
 from .hybrid import make_part, part_inputs, split_entry, weakest_replay
@@ -298,18 +299,9 @@ class SamDrafter(Drafter):
         return out.to(tree.device)
 
     def _own_expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k = min(int(k), self.vocab_size)
-        values, ids = [], []
-        for vals, toks in self._own_rows(tree, nodes):
-            # float32 as expand's rows, so the two agree to the bit.
-            vals = torch.tensor(vals, dtype=torch.float32).tolist()
-            vals, toks = pad_top(vals, toks, k, self.vocab_size)
-            values.append(vals)
-            ids.append(toks)
-        n, device = len(values), tree.device
-        return (torch.tensor(values, dtype=torch.float32, device=device).view(n, k),
-                torch.tensor(ids, dtype=torch.long, device=device).view(n, k),
-                torch.arange(k, device=device).expand(n, k))
+        # float32 as expand's rows, so the two agree to the bit.
+        rows = [(array("f", vals).tolist(), toks) for vals, toks in self._own_rows(tree, nodes)]
+        return sparse_top(rows, k, self.vocab_size, tree.device)
 
 def _until_separator(tokens: list[int]) -> list[int]:
     """``tokens`` up to the first negative one (a corpus without end-of-sequence token separates

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["pad_top", "top_indices", "topk_per_row"]
+__all__ = ["pad_top", "sparse_top", "top_indices", "topk_per_row"]
 
 
 def topk_per_row(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,3 +128,28 @@ def pad_top(values: list[float], tokens: list[int], k: int, vocab: int) -> tuple
         tokens += [next(filler) for _ in range(k - len(tokens))]
         values += [float("-inf")] * (k - len(values))
     return values, tokens
+
+
+_RANKS: dict[tuple, torch.Tensor] = {}
+
+
+def sparse_top(rows: list[tuple[list[float], list[int]]], k: int, vocab: int,
+               device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`topk_per_row`'s ``(values, token_ids, ranks)`` for sparse rows, each its finite
+    ``(values, tokens)`` ranked as :func:`pad_top` takes them: what a drafter with a handful
+    of candidates per row returns from ``expand_top`` without building ``[rows, V]``. The
+    ranks (``arange(k)`` per row) are made once per shape: a chain asks for ``[1, 1]`` every
+    layer."""
+    k = min(int(k), vocab)
+    values, tokens = [], []
+    for vals, toks in rows:
+        vals, toks = pad_top(vals, toks, k, vocab)
+        values.append(vals)
+        tokens.append(toks)
+    n = len(values)
+    key = (n, k, str(device))
+    ranks = _RANKS.get(key)
+    if ranks is None:
+        ranks = _RANKS[key] = torch.arange(k, device=device).expand(n, k)
+    return (torch.tensor(values, dtype=torch.float32, device=device).view(n, k),
+            torch.tensor(tokens, dtype=torch.long, device=device).view(n, k), ranks)

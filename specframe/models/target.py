@@ -313,9 +313,13 @@ class TargetModel:
                 layer.keys = layer.keys[..., : start + n, :]
                 layer.values = layer.values[..., : start + n, :]
             else:
+                # The path's rows move behind the prefix in place (the index copies them first,
+                # so overlap is safe), then a crop: a cat rebuilt the whole prefix per layer.
                 idx = slots + start
-                layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., idx, :]], dim=-2)
-                layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., idx, :]], dim=-2)
+                for name in ("keys", "values"):
+                    cached = getattr(layer, name)
+                    cached[..., start : start + n, :] = cached[..., idx, :]
+                    setattr(layer, name, cached[..., : start + n, :])
         if self.sliding_window is not None:
             kept = self._kv_positions[: start + n] if contiguous else torch.cat(
                 [self._kv_positions[:start], self._kv_positions[start + slots]])
