@@ -23,9 +23,9 @@ from specframe.testing.harness import greedy_by_recomputation
 from specframe.testing.host_reads import HostReadCounter, _counted
 from specframe.testing.profiles import profile_examples
 
-#: A third of the profile's examples: each is a batch of up to six prompts decoded twice (batched
-#: and alone) per policy or drafter, and the cross product below adds one fixed batch per pair.
-EXAMPLES = max(3, profile_examples() // 3)
+#: Half the profile's examples: each is a batch of up to six prompts decoded twice (batched and
+#: alone) per policy or drafter, and the cross product below adds one fixed batch per pair.
+EXAMPLES = max(3, profile_examples() // 2)
 MAX_NEW = 10
 POLICIES = get_registry().names("policies")
 #: Every policy holds the batch property (a third party's at its declared defaults); the drafters are

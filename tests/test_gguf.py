@@ -128,7 +128,12 @@ def test_f32_gguf_loads_exactly_and_is_cached(tmp_path, cache):
 def test_replaced_gguf_is_converted_again(tmp_path, cache):
     path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
     first = Path(resolve_model_path(str(path)))
-    os.utime(path, ns=(1, 1))  # a different file now, as far as the key can tell
+    os.utime(path, ns=(1, 1))  # touched, same content: the same checkpoint
+    assert Path(resolve_model_path(str(path))) == first
+    model = tiny_llama()
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    write_gguf(model, path)  # other weights at the same path
     assert Path(resolve_model_path(str(path))) != first
 
 

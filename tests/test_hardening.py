@@ -112,7 +112,7 @@ def test_two_real_runs_on_one_directory_one_refuses_and_nothing_is_duplicated(tm
     # Long enough that a fast machine is still computing when the second run starts: it is
     # interrupted as soon as the second has refused, so the size costs nothing on slow ones.
     cfg = write_config(tmp_path, n_prompts=300, max_new=32)
-    first = subprocess.Popen([sys.executable, "-m", "specframe.cli", "run", str(cfg), "--no-progress"],
+    first = subprocess.Popen([sys.executable, "-m", "specframe.cli", "run", str(cfg), "--no-progress", "--no-plots"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         answers = tmp_path / "out" / "answers"
@@ -120,7 +120,7 @@ def test_two_real_runs_on_one_directory_one_refuses_and_nothing_is_duplicated(tm
         while time.time() < deadline and first.poll() is None and not list(answers.glob("*.jsonl")):
             time.sleep(0.1)  # the first run is computing (it holds the lock) once an answer exists
         assert first.poll() is None, first.communicate()
-        second = specframe_cli("run", str(cfg), "--no-progress", cwd=tmp_path)
+        second = specframe_cli("run", str(cfg), "--no-progress", "--no-plots", cwd=tmp_path)
         assert first.poll() is None, "the first run ended before the second tried: raise n_prompts"
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=120)

@@ -6,7 +6,9 @@ length before it forwards past it."""
 from __future__ import annotations
 
 import fractions
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -202,3 +204,22 @@ def test_draft_tree_past_the_drafts_positions_is_refused_before_the_forward():
                                          "tree 3 deep after 14 committed tokens needs 17"):
         grow_tree(session, [1, 1, 1, 1])  # expanding the depth-3 node reads position 16
     assert len(forwards) == 3  # depths 0-2 ran; the fourth was refused before the model
+
+
+def test_one_gguf_file_at_two_paths_is_converted_into_one_folder(tmp_path, monkeypatch):
+    """The converted checkpoint (and with it the cost curve's key) follows the file's content,
+    not where an environment installed it; another file gets another folder."""
+    pytest.importorskip("gguf", reason="the [gguf] extra is not installed")
+    from test_gguf import tiny_llama, write_gguf
+
+    from specframe.models import gguf as sg
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    path = write_gguf(tiny_llama(), tmp_path / "a" / "tiny.gguf")
+    copy = Path(shutil.copy(path, tmp_path / "b" / "tiny.gguf"))
+    assert sg.cache_dir_for(path) == sg.cache_dir_for(copy)
+    assert sg.content_key(path) == hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    copy.write_bytes(copy.read_bytes() + b"\0")  # other content, other folder (and a new mtime)
+    assert sg.cache_dir_for(copy) != sg.cache_dir_for(path)

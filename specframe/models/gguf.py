@@ -68,10 +68,30 @@ def registry_gguf(name: str) -> Path:
 
 
 def cache_dir_for(gguf_path: Path) -> Path:
-    """Where the converted checkpoint of ``gguf_path`` lives."""
+    """Where the converted checkpoint of ``gguf_path`` lives: named by the file's content, so
+    one model installed in two environments (or reinstalled) is converted once and keeps one
+    cost curve (the curve's key names this folder: :func:`specframe.sizing.profile.curve_key`)."""
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{content_key(gguf_path)}"
+
+
+def content_key(gguf_path: Path) -> str:
+    """The first 12 hex digits of the file's SHA-256, hashed once per (path, size, mtime): the
+    answer is kept under the cache's ``gguf/ids`` (a rename makes each write whole)."""
     st = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
+    where = hashlib.sha256(f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    known = cache_root() / "gguf" / "ids" / where
+    if known.is_file():
+        return known.read_text(encoding="utf-8").strip()
+    digest = hashlib.sha256()
+    with open(gguf_path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    key = digest.hexdigest()[:12]
+    known.parent.mkdir(parents=True, exist_ok=True)
+    tmp = known.with_name(f"{where}.tmp{os.getpid()}")
+    tmp.write_text(key, encoding="utf-8")
+    os.replace(tmp, known)
+    return key
 
 
 def converted_dir(gguf_path: str | os.PathLike, quiet: bool = False) -> Path:
