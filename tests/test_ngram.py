@@ -299,3 +299,17 @@ def test_expand_top_equals_the_selection_over_the_dense_rows(seq, layers, k, voc
         start = len(tree)
         tree = tree.add_nodes(parents, torch.tensor(tokens * len(frontier)), tree.logp[parents] - 1.0)
         frontier = list(range(start, len(tree)))
+
+
+@given(counts=st.lists(st.integers(1, 60), min_size=1, max_size=40),
+       ages=st.lists(st.integers(0, 200), min_size=40, max_size=40), decay=st.sampled_from([1.0, 0.9, 0.5]))
+def test_ranked_rows_are_torchs_log_softmax_in_float32(counts, ages, decay):
+    """The plain-float ranking equals the tensor computation it replaced (float64 log-sum-exp,
+    rounded once to float32), value for value and in the same order."""
+    drafter = make([1, 2, 3], decay=decay)
+    logw = [math.log(c) + a * math.log(decay) for c, a in zip(counts, ages)]
+    toks = list(range(len(logw)))
+    w = torch.tensor(logw, dtype=torch.float64)
+    want = (w - torch.logsumexp(w, 0)).float().tolist()
+    pairs = sorted((-v, t) for v, t in zip(want, toks))
+    assert drafter._rank(toks, logw) == ([-v for v, _ in pairs], [t for _, t in pairs])
