@@ -555,8 +555,9 @@ def main() -> None:
     if args.smoke:
         if args.out == str(DEFAULT_OUT):
             ap.error("--smoke needs --out pointing at a scratch dir")
-        args.target_minutes = min(args.target_minutes, 0.15)
-        args.draft_minutes = min(args.draft_minutes, 0.1)
+        # Seconds of training: the smoke run checks the pipeline end to end, not the models.
+        args.target_minutes = min(args.target_minutes, 0.05)
+        args.draft_minutes = min(args.draft_minutes, 0.05)
         args.vocab_size = min(args.vocab_size, 512)
     args.work = args.work or (str(Path(args.out) / ".work") if args.smoke else str(DEFAULT_WORK))
     args.prompts = args.prompts or (str(Path(args.out) / "prompts" / "code.jsonl") if args.smoke
