@@ -119,7 +119,8 @@ def as_completed(refs: dict[Any, Any], timeout: float | None = None, on_wait: Ca
     """``(ref, value, None)`` or ``(ref, None, one-line error)`` for each of ``refs`` as it
     finishes (every value fetched with ``ray.get``); ``on_wait`` runs every ``timeout`` seconds
     while none has. A node lost meanwhile raises :class:`~.nodes.NodeLost` ending in
-    ``resume``. Unfinished refs are cancelled when the caller stops early."""
+    ``resume``. Refs unfinished when the caller stops early are left to end with the job
+    (:func:`cancel` says why)."""
     ray = ray_module()
     pending = list(refs)
     watch = nodes.NodeWatch(ray, resume)
@@ -136,7 +137,7 @@ def as_completed(refs: dict[Any, Any], timeout: float | None = None, on_wait: Ca
             except Exception as err:
                 yield ready[0], None, task_message(err)
     finally:
-        cancel(pending)
+        cancel(pending, tasks=True)
 
 
 def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int, timeout: float | None = None,
@@ -165,7 +166,7 @@ def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int, tim
             except Exception as err:
                 yield job, None, task_message(err)
     finally:
-        cancel(list(running))
+        cancel(list(running), tasks=True)
 
 
 def _tick(timeout: float | None) -> float:
@@ -173,8 +174,16 @@ def _tick(timeout: float | None) -> float:
     return nodes.CHECK_S if timeout is None else min(timeout, nodes.CHECK_S)
 
 
-def cancel(refs: Iterable[Any], ray: Any = None) -> None:
-    """Cancel what has not finished (early exit, KeyboardInterrupt); errors are ignored."""
+def cancel(refs: Iterable[Any], ray: Any = None, tasks: bool = False) -> None:
+    """Cancel what has not finished (early exit, KeyboardInterrupt); errors are ignored.
+
+    ``tasks``: the refs are plain tasks' (sweeps, tune), which are left running instead. Ray
+    2.x aborts the driver when a cancelled task's reply is already on its way ("Check failed:
+    Tried to complete task that was not pending", seen on a sweep stopped by a lost node): a
+    run that must stop in one line cannot risk that, and the job's tasks end with the driver
+    (the command exits right after). Actor calls are cancelled; their actors are killed next."""
+    if tasks:
+        return
     ray = ray or ray_module()
     for ref in refs:
         with contextlib.suppress(Exception):
