@@ -119,54 +119,51 @@ def as_completed(refs: dict[Any, Any], timeout: float | None = None, on_wait: Ca
     """``(ref, value, None)`` or ``(ref, None, one-line error)`` for each of ``refs`` as it
     finishes (every value fetched with ``ray.get``); ``on_wait`` runs every ``timeout`` seconds
     while none has. A node lost meanwhile raises :class:`~.nodes.NodeLost` ending in
-    ``resume``. Refs unfinished when the caller stops early are left to end with the job
-    (:func:`cancel` says why)."""
+    ``resume``. Refs unfinished when the caller stops early are left to end with the job:
+    Ray 2.x aborts the driver when a cancelled task's reply is already on its way ("Check
+    failed: Tried to complete task that was not pending", seen on a sweep stopped by a lost
+    node), and a run that must stop in one line cannot risk that; the command exits right after."""
     ray = ray_module()
     pending = list(refs)
     watch = nodes.NodeWatch(ray, resume)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=_tick(timeout))
-            watch.due()
-            if not ready:
-                if on_wait is not None:
-                    on_wait()
-                continue
-            try:
-                yield ready[0], ray.get(ready[0]), None
-            except Exception as err:
-                yield ready[0], None, task_message(err)
-    finally:
-        cancel(pending, tasks=True)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=_tick(timeout))
+        watch.due()
+        if not ready:
+            if on_wait is not None:
+                on_wait()
+            continue
+        try:
+            yield ready[0], ray.get(ready[0]), None
+        except Exception as err:
+            yield ready[0], None, task_message(err)
 
 
 def bounded(submit: Callable[[Any], Any], jobs: Iterable[Any], workers: int, timeout: float | None = None,
             on_wait: Callable[[], None] | None = None, resume: str = RESUME) -> Iterator[tuple[Any, Any, str | None]]:
     """Each job's ``(job, value, error)`` as it finishes, with at most ``workers`` submitted
     (``submit(job)`` returns an object ref) at a time: the ``--workers`` rule for tasks. A node
-    lost meanwhile raises :class:`~.nodes.NodeLost` ending in ``resume``."""
+    lost meanwhile raises :class:`~.nodes.NodeLost` ending in ``resume``; what is running when
+    the caller stops early is left to end with the job, as in :func:`as_completed`."""
     queue = list(jobs)
     running: dict[Any, Any] = {}
     ray = ray_module()
     watch = nodes.NodeWatch(ray, resume)
-    try:
-        while queue or running:
-            while queue and len(running) < workers:
-                job = queue.pop(0)
-                running[submit(job)] = job
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=_tick(timeout))
-            watch.due()
-            if not ready:
-                if on_wait is not None:
-                    on_wait()
-                continue
-            job = running.pop(ready[0])
-            try:
-                yield job, ray.get(ready[0]), None
-            except Exception as err:
-                yield job, None, task_message(err)
-    finally:
-        cancel(list(running), tasks=True)
+    while queue or running:
+        while queue and len(running) < workers:
+            job = queue.pop(0)
+            running[submit(job)] = job
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=_tick(timeout))
+        watch.due()
+        if not ready:
+            if on_wait is not None:
+                on_wait()
+            continue
+        job = running.pop(ready[0])
+        try:
+            yield job, ray.get(ready[0]), None
+        except Exception as err:
+            yield job, None, task_message(err)
 
 
 def _tick(timeout: float | None) -> float:
@@ -174,16 +171,10 @@ def _tick(timeout: float | None) -> float:
     return nodes.CHECK_S if timeout is None else min(timeout, nodes.CHECK_S)
 
 
-def cancel(refs: Iterable[Any], ray: Any = None, tasks: bool = False) -> None:
-    """Cancel what has not finished (early exit, KeyboardInterrupt); errors are ignored.
-
-    ``tasks``: the refs are plain tasks' (sweeps, tune), which are left running instead. Ray
-    2.x aborts the driver when a cancelled task's reply is already on its way ("Check failed:
-    Tried to complete task that was not pending", seen on a sweep stopped by a lost node): a
-    run that must stop in one line cannot risk that, and the job's tasks end with the driver
-    (the command exits right after). Actor calls are cancelled; their actors are killed next."""
-    if tasks:
-        return
+def cancel(refs: Iterable[Any], ray: Any = None) -> None:
+    """Cancel actor calls that have not finished (early exit, KeyboardInterrupt) before their
+    actors are killed; errors are ignored. Plain tasks are never cancelled (:func:`as_completed`
+    says why)."""
     ray = ray or ray_module()
     for ref in refs:
         with contextlib.suppress(Exception):
