@@ -130,16 +130,11 @@ def pad_top(values: list[float], tokens: list[int], k: int, vocab: int) -> tuple
     return values, tokens
 
 
-_RANKS: dict[tuple, torch.Tensor] = {}
-
-
 def sparse_top(rows: list[tuple[list[float], list[int]]], k: int, vocab: int,
                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`topk_per_row`'s ``(values, token_ids, ranks)`` for sparse rows, each its finite
     ``(values, tokens)`` ranked as :func:`pad_top` takes them: what a drafter with a handful
-    of candidates per row returns from ``expand_top`` without building ``[rows, V]``. The
-    ranks (``arange(k)`` per row) are made once per shape: a chain asks for ``[1, 1]`` every
-    layer."""
+    of candidates per row returns from ``expand_top`` without building ``[rows, V]``."""
     k = min(int(k), vocab)
     values, tokens = [], []
     for vals, toks in rows:
@@ -147,9 +142,6 @@ def sparse_top(rows: list[tuple[list[float], list[int]]], k: int, vocab: int,
         values.append(vals)
         tokens.append(toks)
     n = len(values)
-    key = (n, k, str(device))
-    ranks = _RANKS.get(key)
-    if ranks is None:
-        ranks = _RANKS[key] = torch.arange(k, device=device).expand(n, k)
     return (torch.tensor(values, dtype=torch.float32, device=device).view(n, k),
-            torch.tensor(tokens, dtype=torch.long, device=device).view(n, k), ranks)
+            torch.tensor(tokens, dtype=torch.long, device=device).view(n, k),
+            torch.arange(k, device=device).expand(n, k))

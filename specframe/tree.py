@@ -86,17 +86,15 @@ class DraftTree:
         parents = _on(parents, self.parents.device, torch.long)
         if ranks is None:
             ranks = torch.full_like(parents, -1)
-        # The constructor, not dataclasses.replace: a chain adds a node per call, and replace's
-        # field-by-field copy cost more than the five cats.
-        return DraftTree(
+        return replace(
+            self,
             tokens=torch.cat([self.tokens, _on(tokens, self.tokens.device, torch.long)]),
             parents=torch.cat([self.parents, parents]),
             depths=torch.cat([self.depths, self._parent_depths(parents) + 1]),
             logp=torch.cat([self.logp, _on(logp, self.logp.device, self.logp.dtype)]),
             ranks=torch.cat([self.ranks, _on(ranks, self.ranks.device, torch.long)]),
-            draft_probs=self.draft_probs,
-            drafting=self.drafting,
             origin=None if self.origin is None else torch.cat([self.origin, torch.full_like(parents, -1)]),
+            _cache={},
         )
 
     def _parent_depths(self, parents: torch.Tensor) -> torch.Tensor:

@@ -107,11 +107,9 @@ class ChainPolicy(AutoSizedPolicy):
         tree = session.new_tree()
         generator = session_generator(session, self.generator) if self.options.sample else None
         drawn_from = []
-        # Each layer's newest node as a one-element view of one arange (the next layer's
-        # expanded node and parent: a view costs less than a new tensor per layer); its
-        # cumulative log-prob, carried (the root's is 0).
-        newest = torch.arange(gamma + 1, device=tree.device)
-        node, cumulative = newest[:1], tree.logp
+        # The newest node as a one-element tensor, made once per layer: the next layer's
+        # expanded node and parent; its cumulative log-prob, carried (the root's is 0).
+        node, cumulative = torch.zeros(1, dtype=torch.long, device=tree.device), tree.logp
         # A drafter may carry its own stop (Draft & Verify's adaptive threshold, `layerskip`).
         threshold = self.options.confidence_threshold if self.options.confidence_stop else \
             getattr(session.drafter, "stop_threshold", None)
@@ -126,7 +124,7 @@ class ChainPolicy(AutoSizedPolicy):
                 values, tokens, ranks = session.expand_top(tree, node, 1)
             cumulative = cumulative + values[0]
             tree = tree.add_nodes(node, tokens[0], cumulative, ranks[0])
-            node = newest[i + 1 : i + 2]
+            node = torch.tensor([len(tree) - 1], device=tree.device)
             unsure = threshold is not None and float(values[0, 0].exp()) < threshold
             if growth.stop(tree, node, last=unsure or i + 1 == gamma):
                 break
