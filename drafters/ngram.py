@@ -45,7 +45,7 @@ import torch
 from specframe.interfaces import Drafter
 from specframe.options import require
 from specframe.search_space import tunable
-from specframe.selection import sparse_top
+from specframe.selection import pad_top, sparse_top
 from specframe.tree import DraftTree
 
 
@@ -171,7 +171,10 @@ class NgramDrafter(Drafter):
     # ------------------------------------------------------------------ lookup
     def query_suffix(self, tree: DraftTree, node: int) -> list[int]:
         """Last ``max_ngram`` tokens of committed sequence + path root -> ``node`` (root not doubled)."""
-        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+        if tree.has_host():  # a tree grown on the host: its lists, no read
+            parents, tokens = tree.host().parents, tree.host().tokens
+        else:
+            parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
         path: list[int] = []
         u = node
         # The root is the last committed token, so only the drafted part of the path is added.
@@ -227,6 +230,12 @@ class NgramDrafter(Drafter):
         node_list = (nodes if nodes.dim() == 1 else nodes.flatten()).tolist()
         rows = [self.ranked(self.query_suffix(tree, int(node))) for node in node_list]
         return sparse_top(rows, k, self.vocab_size, tree.device)
+
+    def top_lists(self, tree: DraftTree, nodes: list[int], k: int) -> list[tuple[list[float], list[int]]]:
+        """:meth:`expand_top`'s rows as host lists (``DraftSession.expand_top_lists``): the same
+        ranked, padded entries without the tensors."""
+        k = min(int(k), self.vocab_size)
+        return [pad_top(*self.ranked(self.query_suffix(tree, int(node))), k, self.vocab_size) for node in nodes]
 
     def expand(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """One lookup over all requested nodes: log-probs ``[len(nodes), V]``, ``-inf`` where unseen."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 import torch
 
 from specframe.options import BudgetOptions, NoOptions
-from specframe.tree import DRAFTING_MODES, DraftTree
+from specframe.tree import DRAFTING_MODES, DraftTree, HostLists
 
 if TYPE_CHECKING:
     from specframe.models.target import TargetModel
@@ -229,6 +229,23 @@ class DraftSession:
         forward (:meth:`Drafter.expand_top`; the selection counts as draft time)."""
         return self._forward(self.drafter.expand_top, tree, nodes, k)
 
+    def expand_top_lists(self, tree: DraftTree, nodes: list[int],
+                         k: int) -> tuple[list[tuple[list[float], list[int], list[int]]], torch.dtype]:
+        """:meth:`expand_top` as host lists, one ``(values, token_ids, ranks)`` per node, and the
+        values' dtype: for a policy that grows its tree on the host (the CPU). A drafter that
+        drafts on the host answers through its ``top_lists(tree, nodes, k)`` (ranked float32
+        ``(values, token_ids)`` per node, ranks 0..k-1) without making tensors; any other's
+        ``expand_top`` is read back. One draft forward either way."""
+        own = getattr(self.drafter, "top_lists", None)
+        if own is None:
+            values, tokens, ranks = self.expand_top(tree, nodes, k)
+            return list(zip(values.tolist(), tokens.tolist(), ranks.tolist())), values.dtype
+        start = time.perf_counter()
+        rows = own(tree, nodes, k)
+        self.draft_time += time.perf_counter() - start
+        self.draft_forwards += 1
+        return [(values, tokens, list(range(len(tokens)))) for values, tokens in rows], torch.float32
+
     def _forward(self, call: Any, tree: DraftTree, nodes: torch.Tensor | list[int], *args: Any) -> Any:
         """``call(tree, nodes, *args)``, timed and counted as one draft forward."""
         nodes = torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
@@ -366,6 +383,22 @@ class Verifier(ABC):
         (``tests/test_root_tokens.py`` checks the built-ins against :meth:`verify`).
         """
         return None
+
+    def verdict_rows(self, tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor | None:
+        """What to read for :meth:`verify_host`, or None (the default) to :meth:`verify` on the
+        device.
+
+        Called only for a tree held in host lists (:meth:`DraftTree.has_host`, the CPU fast
+        path of host-grown trees): a ``[len(tree)]`` integer tensor (greedy: the target's
+        argmax at each node) that rides in the step's one host read; :meth:`verify_host` then
+        decides on the host, so the step runs no tensor op on the tree after its forward.
+        ``tests/test_greedy.py`` holds the built-in's two paths equal."""
+        return None
+
+    def verify_host(self, tree: HostLists, rows: list[int]) -> tuple[int, int]:
+        """``(last, bonus)`` as :meth:`verify` would decide them, from the tree's host lists
+        and the host copy of :meth:`verdict_rows`. Needed only where ``verdict_rows`` is."""
+        raise NotImplementedError(f"verifier {self.name!r} gives verdict_rows but no verify_host")
 
 
 @dataclass

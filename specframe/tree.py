@@ -16,8 +16,22 @@ Drafting = Literal["deterministic", "iid", "without_replacement"]
 DRAFTING_MODES: tuple[str, ...] = ("deterministic", "iid", "without_replacement")
 
 
+#: Largest tree whose ancestor mask is built from host lists (quadratic in Python beyond it).
+HOST_MASK_NODES = 64
+
 #: Per-node tensors that must all have shape ``[len(tree)]``.
 _NODE_FIELDS = ("parents", "depths", "logp", "ranks")
+
+
+@dataclass(frozen=True)
+class HostLists:
+    """A tree's per-node values on the host (:meth:`DraftTree.host`), index for index."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    logp: list[float]
+    ranks: list[int]
 
 
 class InvalidTreeError(ValueError):
@@ -63,6 +77,28 @@ class DraftTree:
         tokens, parents, depths, ranks = torch.tensor([int(token), -1, 0, -1], dtype=torch.long, device=device).split(1)
         return cls(tokens=tokens, parents=parents, depths=depths,
                    logp=torch.zeros(1, dtype=torch.float32, device=device), ranks=ranks)
+
+    @classmethod
+    def from_lists(cls, tokens: list[int], parents: list[int], depths: list[int], logp: list[float],
+                   ranks: list[int], device: torch.device | str | None = None) -> "DraftTree":
+        """A tree held as host lists, its tensors made (in two constructions) when first read:
+        the CPU fast path of a policy that grows its tree on the host, where a dozen tensor ops
+        per layer cost more than the drafting. :meth:`host` returns the lists for free, so a
+        drafter or the engine reads none of them back. ``logp`` must hold float32 values (the
+        tree's dtype), so the lists are the tensors' exact copy; the lists are not copied, so
+        the caller must not change them afterwards."""
+        return _ListTree(HostLists(tokens, parents, depths, logp, ranks), torch.device(device or "cpu"))
+
+    def host(self) -> "HostLists":
+        """The tree's per-node values as host lists: free for a tree built by :meth:`from_lists`,
+        else read now (on an accelerator a device read, which the engine avoids by reading trees
+        with its verdict)."""
+        return HostLists(self.tokens.tolist(), self.parents.tolist(), self.depths.tolist(), self.logp.tolist(),
+                         self.ranks.tolist())
+
+    def has_host(self) -> bool:
+        """Whether :meth:`host` is free (the tree was built from host lists)."""
+        return False
 
     def add_nodes(
         self,
@@ -169,6 +205,18 @@ class DraftTree:
         ceil(log2(n)) rounds suffice. The round count depends only on ``len(tree)``, never on
         the tree's values, so building the mask never waits for the device.
         """
+        if "anc" not in self._cache and self.has_host() and len(self) <= HOST_MASK_NODES:
+            # Host parents: the rows in Python and one tensor, for a tree of a few dozen nodes
+            # (a broken parent leaves it to the pointer jumping below, which tolerates it).
+            parents, rows = self.host().parents, []
+            for i, parent in enumerate(parents):
+                if not -1 <= parent < i or (parent == -1) != (i == 0):
+                    break
+                row = rows[parent][:] if parent >= 0 else [False] * len(parents)
+                row[i] = True
+                rows.append(row)
+            else:
+                self._cache["anc"] = torch.tensor(rows, dtype=torch.bool, device=self.device)
         if "anc" not in self._cache:
             n = len(self)
             mask = torch.eye(n, dtype=torch.bool, device=self.device)
@@ -328,3 +376,50 @@ def drafted_paths(tree: DraftTree, nodes: torch.Tensor | list[int]) -> list[tupl
             node = parents[node]
         out.append(tuple(reversed(path)))
     return out
+
+
+class _ListTree(DraftTree):
+    """A :class:`DraftTree` made from host lists (:meth:`DraftTree.from_lists`): its five node
+    tensors are built together on first read. A copy made with ``dataclasses.replace`` is built
+    from tensors and holds no lists."""
+
+    def __init__(self, lists: HostLists | None = None, device: torch.device | None = None, **fields) -> None:
+        if lists is None:  # dataclasses.replace: an ordinary tree of this class
+            super().__init__(**fields)
+            return
+        self.__dict__.update(_lists=lists, _device=device, draft_probs=None, drafting="deterministic", origin=None,
+                             _cache={})
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes not set yet: the node tensors of a tree still in lists.
+        lists = self.__dict__.get("_lists")
+        if lists is None or name not in _LIST_FIELDS:
+            raise AttributeError(name)
+        longs = torch.tensor([lists.tokens, lists.parents, lists.depths, lists.ranks], dtype=torch.long,
+                             device=self._device)
+        tokens, parents, depths, ranks = longs.unbind(0)
+        self.__dict__.update(tokens=tokens, parents=parents, depths=depths, ranks=ranks,
+                             logp=torch.tensor(lists.logp, dtype=torch.float32, device=self._device))
+        return self.__dict__[name]
+
+    def __len__(self) -> int:
+        lists = self.__dict__.get("_lists")
+        return len(lists.tokens) if lists is not None else int(self.tokens.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the tree's tensors."""
+        return self.__dict__["_device"] if "_lists" in self.__dict__ else self.tokens.device
+
+    def host(self) -> HostLists:
+        """The lists the tree was made from (free), or a read for a tree made otherwise."""
+        lists = self.__dict__.get("_lists")
+        return lists if lists is not None else super().host()
+
+    def has_host(self) -> bool:
+        """Whether the tree holds its host lists."""
+        return "_lists" in self.__dict__
+
+
+_LIST_FIELDS = frozenset(("tokens", "parents", "depths", "logp", "ranks"))
+_ListTree.__repr__ = lambda self: DraftTree.__repr__(self).replace("_ListTree(", "DraftTree(", 1)  # type: ignore[method-assign]

@@ -53,3 +53,19 @@ def test_engine_with_the_reference_walk_gives_the_same_output():
         for verifier in ("greedy", GreedyReferenceVerifier(None))
     ]
     assert outputs[0] == outputs[1]
+
+
+@given(tree=draft_trees(max_nodes=64, vocab_size=8), seed=st.integers(0, 2**31 - 1), follow=st.floats(0, 1))
+def test_host_verdict_of_a_tree_in_lists_equals_the_device_verdict(tree, seed, follow):
+    """The CPU fast path (a tree held in host lists, decided by verify_host from the argmax
+    read with the step) takes greedy_leaf's decision on the same tree and logits."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(tree), 8, generator=gen)
+    for parent, child_token in zip(tree.parents[1:].tolist(), tree.tokens[1:].tolist()):
+        if torch.rand((), generator=gen) < follow:
+            logits[parent, child_token] = 100.0
+    listed = DraftTree.from_lists(*(getattr(tree, f).tolist() for f in ("tokens", "parents", "depths", "logp", "ranks")))
+    greedy = make_plugin("verifiers", "greedy")
+    rows = greedy.verdict_rows(listed, logits).tolist()
+    last, bonus = greedy.verify(tree, logits, None)
+    assert greedy.verify_host(listed.host(), rows) == (int(last), int(bonus))

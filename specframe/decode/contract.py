@@ -10,6 +10,7 @@ value invariants on the host from the tree that travels with the verdict's one r
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -41,9 +42,9 @@ def reject_tree(policy: str, tree: DraftTree, root: int, limit: int) -> None:
         raise EngineError(f"policy {policy!r} returned an invalid tree: {err}") from err
 
 
-def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool) -> torch.Tensor:
+def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool) -> torch.Tensor | bool:
     """The device part of the tree's validity, a 0-dim flag to read with the verdict: its
-    log-probs are finite.
+    log-probs are finite (a plain bool for a tree held in host lists, :meth:`DraftTree.has_host`).
 
     Shapes and size are known on the host and must hold before anything indexes with the tree,
     so breaking them raises now; strict mode checks every invariant now. The value invariants
@@ -52,6 +53,16 @@ def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool)
     """
     if strict:
         reject_tree(policy, tree, root, limit)
+    if tree.has_host():  # a tree still in host lists: checked there, no tensor op
+        host = tree.host()
+        n = len(host.tokens)
+        problem = next((f"{name} has {len(getattr(host, name))} entries, expected {n} like tokens"
+                        for name in ("parents", "depths", "logp", "ranks") if len(getattr(host, name)) != n), "")
+        problem = problem or ("tree is empty: it must contain at least the root" if n == 0 else "")
+        problem = problem or (f"tree has {n} nodes, over the budget of {limit} (root included)" if n > limit else "")
+        if problem:
+            raise EngineError(f"policy {policy!r} returned an invalid tree: {problem}")
+        return all(map(math.isfinite, host.logp))
     try:
         tree._check_shapes(limit)
     except InvalidTreeError as err:

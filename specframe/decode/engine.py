@@ -25,7 +25,8 @@ from specframe.decode.clock import StepClock
 from specframe.decode.kv_single import SingleKV
 from specframe.decode.output import (SHARED_FIELDS, GenerationOutput, Row, StepView,  # noqa: F401 (re-exported)
                                      cut_output, negative_log_likelihood, row_share)
-from specframe.decode.read import StepRead, pack_step, packed_size, unpack_step
+from specframe.decode.read import (StepRead, pack_step, packed_size, read_host_verdict, unpack_host_step,
+                                   unpack_step)
 from specframe.decode.side_rows import SideStep
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
@@ -382,9 +383,15 @@ class SpecDecoder:
             bonus = checked_root_tokens(verifier.name, bonus, len(off), trees[off[0]].device,
                                         self.target.vocab_size, self.strict)
         batched = set(off) if bonus is not None else set()
-        pieces = []
+        pieces, on_host = [], set()
         for b, (row, tree, limit, ok, row_logits) in enumerate(zip(rows, trees, limits, flags, logits)):
             if b in batched:
+                continue
+            # A tree in host lists whose verifier decides on the host: its rows ride in the read.
+            verdict_rows = verifier.verdict_rows(tree, row_logits) if isinstance(ok, bool) and tree.has_host() else None
+            if verdict_rows is not None:
+                on_host.add(b)
+                pieces.append(verdict_rows.reshape(-1).long())
                 continue
             if ok is None:  # an engine-made root, verified alone
                 ok = torch.ones((), dtype=torch.bool, device=tree.device)
@@ -407,9 +414,16 @@ class SpecDecoder:
             if b in batched:
                 reads.append(root_read(next(roots), tree.device))
                 continue
-            size = packed_size(len(tree))
+            host = tree.has_host() and isinstance(flags[b], bool)
+            size = len(tree) if b in on_host else packed_size(len(tree), host)
             try:
-                read = unpack_step(len(tree), flat[at : at + size], tree.device, row.committed[-1])
+                if b in on_host:
+                    read = read_host_verdict(verifier, tree, flags[b], flat[at : at + size], row.committed[-1],
+                                             self.target.vocab_size)
+                elif host:
+                    read = unpack_host_step(tree, flags[b], flat[at : at + size], row.committed[-1])
+                else:
+                    read = unpack_step(len(tree), flat[at : at + size], tree.device, row.committed[-1])
             except ValueError as err:
                 raise EngineError(f"verifier {verifier.name!r} {err}: verify must return the deepest "
                                   f"accepted node and the bonus token") from err

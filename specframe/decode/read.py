@@ -13,6 +13,7 @@ gets the same record from a host-side verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,19 +52,33 @@ def read_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torc
     return unpack_step(len(tree), torch.cat(pack_step(tree, last, bonus, ok)).tolist(), tree.device)
 
 
-def packed_size(n: int) -> int:
+def packed_size(n: int, host: bool = False) -> int:
     """Ints in :func:`pack_step`'s record of an ``n``-node tree: flag, bonus and last accepted
-    node, then the tree's parents, tokens, ranks and depths (``n`` each)."""
-    return 3 + 4 * n
+    node, then the tree's parents, tokens, ranks and depths (``n`` each); ``host``: a tree held
+    in host lists, whose record is the bonus and the last node only."""
+    return 2 if host else 3 + 4 * n
 
 
-def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor) -> list[torch.Tensor]:
+def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor | bool) -> list[torch.Tensor]:
     """The step's record as the pieces of one ``cat`` (:func:`packed_size` ints in all): the
     caller concatenates the pieces of every row (and anything else the step reads) once and
     reads them in one transfer; :func:`unpack_step` parses each row's slice. ``ok`` is the
-    device part of the tree's validity (its log-probs are finite)."""
+    device part of the tree's validity (its log-probs are finite). A tree held in host lists
+    (:meth:`DraftTree.has_host`) sends the verdict alone: the host has the rest
+    (:func:`unpack_host_step`)."""
+    if tree.has_host() and isinstance(ok, bool):
+        return [torch.stack((bonus, last))]
     # stack and cat promote the flag and any integer dtype to one integer dtype: no casts.
-    return [torch.stack((ok, bonus, last)), tree.parents, tree.tokens, tree.ranks, tree.depths]
+    return [torch.stack((torch.as_tensor(ok, device=tree.device), bonus, last)), tree.parents, tree.tokens,
+            tree.ranks, tree.depths]
+
+
+def unpack_host_step(tree: DraftTree, ok: bool, packed: list[int], root: int | None = None) -> StepRead:
+    """:func:`unpack_step` for a tree held in host lists: ``packed`` is its two-int record
+    (bonus, last node) and the tree's values come from its lists."""
+    host = tree.host()
+    record = [int(ok), packed[0], packed[1], *host.parents, *host.tokens, *host.ranks, *host.depths]
+    return unpack_step(len(host.tokens), record, tree.device, root)
 
 
 def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int | None = None) -> StepRead:
@@ -101,3 +116,22 @@ def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int
         widths[d] += 1
     return StepRead(ok=True, path=torch.tensor(path, device=device), tokens=accepted_tokens, ranks=accepted_ranks,
                     widths=widths, contiguous=path == list(range(len(path))), children=parents.count(last))
+
+
+def read_host_verdict(verifier: Any, tree: DraftTree, ok: bool, rows: list[int], root: int | None,
+                      vocab_size: int) -> StepRead:
+    """The :class:`StepRead` of a tree held in host lists whose verifier decides on the host
+    (``verdict_rows`` / ``verify_host``): the tree is checked first (a broken one gives
+    ``ok=False`` and ``verify_host`` never sees it), then the verdict. Raises ValueError when
+    the verdict names no node of the tree or a token outside the vocabulary."""
+    host = tree.host()
+    n = len(host.tokens)
+    problem = "" if ok else "a node has a non-finite draft log-prob"
+    problem = problem or tree_problem(host.parents, host.tokens, host.depths, root)
+    if problem:
+        return unpack_host_step(tree, False, [0, 0], root)
+    last, bonus = verifier.verify_host(host, rows)
+    if not (0 <= last < n and 0 <= bonus < vocab_size):
+        raise ValueError(f"returned node {last} of a {n}-node tree and bonus token {bonus} "
+                         f"of a {vocab_size}-token vocabulary")
+    return unpack_host_step(tree, True, [bonus, last], root)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specframe.models.row_argmax import row_argmax
 from specframe.interfaces import SideOutput, SideRows
 from specframe.tree import DraftTree
 
@@ -125,7 +126,7 @@ class SideStep:
         for b, (side, rows) in enumerate(zip(self.sides, kv.side_rows_of(logits))):
             if side is None:
                 continue
-            self._argmax.append(rows.argmax(-1))
+            self._argmax.append(row_argmax(rows))
             self._logits[b] = rows if side.logits else None
         return self._argmax
 

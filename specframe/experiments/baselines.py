@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from specframe.models.row_argmax import row_argmax
 from specframe.options import NoOptions, require
 
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -122,7 +123,7 @@ class AutoregressiveRunner:
         tokens: list[int] = []
         prefill = first = None
         while True:
-            tok = int(logits.max(dim=-1).indices)  # argmax's tie rule; 2.7x faster on the CPU
+            tok = int(row_argmax(logits))  # the greedy verifier's argmax, so the arms compare like for like
             if first is None:  # the host read above waited for the prefill: it yields token one
                 first = time.perf_counter()
                 prefill = first - before

@@ -15,9 +15,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -131,10 +134,124 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n_out, 
   return y;
 }
 
+
+// First index of each row's maximum (a NaN counts as the maximum: its first index), as
+// torch.max(dim=-1).indices gives it. The rows a verifier reads come straight from linear()
+// above, whose threads each wrote a range of output columns: each thread scans the columns its
+// own core just wrote, one register of lanes at a time, keeping per lane the largest value and
+// where it first appeared; the ranges are then joined in column order, so ties keep the first
+// index whatever the thread count. torch's index reduction ran about ten times slower than its
+// plain max over the same rows.
+struct Best {
+  float value;
+  int64_t index;  // -1: nothing seen
+  int64_t nan;    // first NaN's column, -1: none
+};
+
+Best scan(const float* row, int64_t first, int64_t last) {
+  Best best{-std::numeric_limits<float>::infinity(), -1, -1};
+  int64_t c = first;
+#if defined(__AVX512F__)
+  if (last - c >= 16) {
+    __m512 vmax = _mm512_loadu_ps(row + c);
+    __m512i vidx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c)),
+                                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __mmask16 nan = _mm512_cmp_ps_mask(vmax, vmax, _CMP_UNORD_Q);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i cur = vidx;
+    for (c += 16; c + 16 <= last; c += 16) {
+      cur = _mm512_add_epi32(cur, step);
+      const __m512 x = _mm512_loadu_ps(row + c);
+      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      const __mmask16 more = _mm512_cmp_ps_mask(x, vmax, _CMP_GT_OQ);  // strict: a lane keeps its first
+      vmax = _mm512_mask_mov_ps(vmax, more, x);
+      vidx = _mm512_mask_mov_epi32(vidx, more, cur);
+    }
+    if (nan) {
+      c = first;  // rare: the scalar loop below finds the first NaN
+    } else {
+      alignas(64) float vals[16];
+      alignas(64) int32_t idxs[16];
+      _mm512_store_ps(vals, vmax);
+      _mm512_store_si512(reinterpret_cast<__m512i*>(idxs), vidx);
+      for (int j = 0; j < 16; ++j)
+        if (best.index < 0 || vals[j] > best.value || (vals[j] == best.value && idxs[j] < best.index))
+          best = {vals[j], idxs[j], -1};
+    }
+  }
+#elif defined(__AVX2__)
+  if (last - c >= 8) {
+    __m256 vmax = _mm256_loadu_ps(row + c);
+    __m256i cur = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i vidx = cur;
+    __m256 nan = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+    const __m256i step = _mm256_set1_epi32(8);
+    for (c += 8; c + 8 <= last; c += 8) {
+      cur = _mm256_add_epi32(cur, step);
+      const __m256 x = _mm256_loadu_ps(row + c);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      const __m256 more = _mm256_cmp_ps(x, vmax, _CMP_GT_OQ);
+      vmax = _mm256_blendv_ps(vmax, x, more);
+      vidx = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), more));
+    }
+    if (_mm256_movemask_ps(nan)) {
+      c = first;
+    } else {
+      alignas(32) float vals[8];
+      alignas(32) int32_t idxs[8];
+      _mm256_store_ps(vals, vmax);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(idxs), vidx);
+      for (int j = 0; j < 8; ++j)
+        if (best.index < 0 || vals[j] > best.value || (vals[j] == best.value && idxs[j] < best.index))
+          best = {vals[j], idxs[j], -1};
+    }
+  }
+#endif
+  for (; c < last; ++c) {
+    const float x = row[c];
+    if (std::isnan(x)) return {x, c, c};
+    if (best.index < 0 || x > best.value) best = {x, c, -1};
+  }
+  return best;
+}
+
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, "argmax_rows: 2-D float32 rows");
+  const auto xc = x.contiguous();
+  const int64_t rows = xc.size(0), cols = xc.size(1);
+  TORCH_CHECK(cols < (int64_t(1) << 31), "argmax_rows: too many columns");
+  auto out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* p = xc.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  const int threads = cols >= 8192 ? at::get_num_threads() : 1;
+  // Column ranges in whole registers, as linear() splits its panels.
+  const int64_t span = ((cols + threads - 1) / threads + kLanes - 1) / kLanes * kLanes;
+  std::vector<Best> parts(static_cast<size_t>(rows * threads));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c0 = std::min(cols, t * span), c1 = std::min(cols, c0 + span);
+      for (int64_t r = 0; r < rows; ++r)
+        parts[r * threads + t] = c0 < c1 ? scan(p + r * cols, c0, c1) : Best{0.0f, -1, -1};
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) {
+    Best best{0.0f, -1, -1};
+    for (int64_t t = 0; t < threads; ++t) {  // column order: the earlier range wins a tie
+      const Best& part = parts[r * threads + t];
+      if (part.index < 0) continue;
+      if (part.nan >= 0) { best = part; break; }
+      if (best.index < 0 || part.value > best.value) best = part;
+    }
+    o[r] = best.index;
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "Pack a [out, in] float32 weight into [panel][in][16] panels");
   m.def("linear", &linear, "x @ W^T (+ bias) for a few float32 rows against a packed weight");
+  m.def("argmax_rows", &argmax_rows, "First index of each row's maximum (NaN first), as torch.max(dim=-1).indices");
   m.attr("tile_rows") = kTileRows;
 }
