@@ -109,6 +109,10 @@ class EagleDrafter(Drafter):
         self.pending_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         if target_hidden is not None:
             self._queue(self.head.features(target_hidden)[0], prompt_ids[1:])
+        # The head's vocabulary map, read once a generation: top-k over the draft vocabulary
+        # keeps the target's tie rule (lower id first) only where the map is increasing.
+        ids = self.head.draft_ids if self.head.maps_vocab else None
+        self._draft_ids = ids if ids is not None and bool((ids[1:] > ids[:-1]).all()) else None
         self._new_step()
 
     @torch.inference_mode()
@@ -120,7 +124,7 @@ class EagleDrafter(Drafter):
 
     def _new_step(self) -> None:
         self.out_of: dict[int, torch.Tensor] = {}   # tree node -> head output feature
-        self.logp_of: dict[int, torch.Tensor] = {}  # tree node -> target-vocab log-probs
+        self.logp_of: dict[int, torch.Tensor] = {}  # tree node -> draft-vocab log-probs
         self.slots: list[int] = []                  # tree nodes in cache order after the committed pairs
 
     # ------------------------------------------------------------------ drafting
@@ -129,6 +133,28 @@ class EagleDrafter(Drafter):
 
         Policies expand a layer whose parents were expanded before, so this is one forward.
         """
+        return self.head.to_target(self._draft_rows(tree, nodes))
+
+    def expand_top(self, tree: DraftTree, nodes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`topk_per_row` of :meth:`expand`'s rows, taken over the head's own vocabulary
+        (8192 entries for SmolLM2's EAGLE-3 against the target's 49152) and mapped to target ids."""
+        return self._top(self._draft_rows(tree, nodes), k)
+
+    def _top(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``topk_per_row(head.to_target(rows), k)`` for draft-vocabulary ``rows``: the same
+        answer from the smaller rows where the vocabulary map is increasing (ties keep the lower
+        target id) and every row has ``k`` finite entries (a short row pads with target ids);
+        on the CPU, where that check reads nothing from a device."""
+        ids = self._draft_ids
+        if ids is None or rows.device.type != "cpu" or k > rows.shape[1]:
+            return topk_per_row(self.head.to_target(rows), k)
+        values, index, ranks = topk_per_row(rows, k)
+        if k and bool(torch.isinf(values[:, -1]).any()):
+            return topk_per_row(self.head.to_target(rows), k)
+        return values, ids[index], ranks
+
+    def _draft_rows(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary log-probs ``[len(nodes), V_draft]`` (one head forward per missing layer)."""
         with torch.inference_mode():
             steps = self._expand_steps(tree, nodes)
             try:
@@ -160,7 +186,8 @@ class EagleDrafter(Drafter):
                 for group in _by_head(calls, jobs):
                     hidden = _run_packed([calls[i].drafter for i in group], [jobs[i] for i in group])
                     sends.update(zip(group, hidden))
-        return [logp if call.k is None else topk_per_row(logp, call.k) for call, logp in zip(calls, answers)]
+        return [call.drafter.head.to_target(rows) if call.k is None else call.drafter._top(rows, call.k)
+                for call, rows in zip(calls, answers)]
 
     def _expand_steps(self, tree: DraftTree, nodes: torch.Tensor) -> Generator["_HeadJob", torch.Tensor, torch.Tensor]:
         """:meth:`expand` as a generator: yields each head forward it needs (a :class:`_HeadJob`),
@@ -183,7 +210,7 @@ class EagleDrafter(Drafter):
         cfg = self.head.config
         logp = torch.full((1, cfg.draft_vocab_size), -math.log(cfg.draft_vocab_size),
                           dtype=torch.promote_types(self.pending_feats.dtype, torch.float32), device=self.device)
-        return self.head.target_logp(logp)[0]
+        return self.head.draft_logp(logp)[0]
 
     def _root_job(self) -> "_HeadJob | None":
         """The forward of the queued committed pairs, whose last one (f_{L-2}, root) drafts the
@@ -204,7 +231,7 @@ class EagleDrafter(Drafter):
         self.pending_feats = self.pending_feats[:0]
         self.pending_tokens = self.pending_tokens[:0]
         self.out_of[0] = hidden[-1]
-        self.logp_of[0] = self.head.target_logp(self.head.logits(hidden[-1:]))[0]
+        self.logp_of[0] = self.head.draft_logp(self.head.logits(hidden[-1:]))[0]
 
     def _nodes_job(self, tree: DraftTree, todo: list[int]) -> "_HeadJob | None":
         """One batched forward of tree nodes whose parents have head outputs (None: no
@@ -229,7 +256,7 @@ class EagleDrafter(Drafter):
         return _HeadJob(tree.tokens[idx].to(self.device), feats, positions, mask, from_target=False)
 
     def _take_nodes(self, todo: list[int], hidden: torch.Tensor) -> None:
-        logp = self.head.target_logp(self.head.logits(hidden))
+        logp = self.head.draft_logp(self.head.logits(hidden))
         for j, node in enumerate(todo):
             self.out_of[node] = hidden[j]
             self.logp_of[node] = logp[j]

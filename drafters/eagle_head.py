@@ -316,8 +316,22 @@ class EagleHead(nn.Module):
 
     def target_logp(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probs ``[n, V_target]`` from draft logits ``[n, V_draft]``; -inf outside the draft vocab."""
-        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        if self.kind == "eagle" or self.config.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
+        return self.to_target(self.draft_logp(logits))
+
+    def draft_logp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probs over the head's own vocabulary (``[n, V_draft]``, at least float32)."""
+        return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+    @property
+    def maps_vocab(self) -> bool:
+        """Whether draft rows must be mapped to the target's vocabulary (EAGLE-3 with a draft
+        vocabulary that is not the target's, in order)."""
+        return not (self.kind == "eagle" or self.config.draft_vocab_size == self.config.vocab_size
+                    and not bool(self.d2t.any()))
+
+    def to_target(self, logp: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary log-probs ``[n, V_draft]`` as the target's ``[n, V_target]``."""
+        if not self.maps_vocab:
             return logp
         out = logp.new_full((logp.shape[0], self.config.vocab_size), float("-inf"))
         out[:, self.draft_ids] = logp

@@ -7,6 +7,7 @@ Node 0 is the root: the last committed token, whose successor the target predict
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -21,6 +22,12 @@ HOST_MASK_NODES = 64
 
 #: Per-node tensors that must all have shape ``[len(tree)]``.
 _NODE_FIELDS = ("parents", "depths", "logp", "ranks")
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32, as a float32 tensor stores it (what a tree's
+    log-probs hold): a tree grown in host lists keeps its lists equal to its tensors."""
+    return array("f", (value,))[0]
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,16 @@ class DraftTree:
 
     @classmethod
     def from_lists(cls, tokens: list[int], parents: list[int], depths: list[int], logp: list[float],
-                   ranks: list[int], device: torch.device | str | None = None) -> "DraftTree":
+                   ranks: list[int], device: torch.device | str | None = None,
+                   origin: list[int] | None = None) -> "DraftTree":
         """A tree held as host lists, its tensors made (in two constructions) when first read:
         the CPU fast path of a policy that grows its tree on the host, where a dozen tensor ops
         per layer cost more than the drafting. :meth:`host` returns the lists for free, so a
         drafter or the engine reads none of them back. ``logp`` must hold float32 values (the
         tree's dtype), so the lists are the tensors' exact copy; the lists are not copied, so
-        the caller must not change them afterwards."""
-        return _ListTree(HostLists(tokens, parents, depths, logp, ranks), torch.device(device or "cpu"))
+        the caller must not change them afterwards. ``origin``: each node's index in the tree it
+        was cut from (:meth:`select`'s record; None: the tree was never re-indexed)."""
+        return _ListTree(HostLists(tokens, parents, depths, logp, ranks), torch.device(device or "cpu"), origin)
 
     def host(self) -> "HostLists":
         """The tree's per-node values as host lists: free for a tree built by :meth:`from_lists`,
@@ -383,12 +392,14 @@ class _ListTree(DraftTree):
     tensors are built together on first read. A copy made with ``dataclasses.replace`` is built
     from tensors and holds no lists."""
 
-    def __init__(self, lists: HostLists | None = None, device: torch.device | None = None, **fields) -> None:
+    def __init__(self, lists: HostLists | None = None, device: torch.device | None = None,
+                 origin: list[int] | None = None, **fields) -> None:
         if lists is None:  # dataclasses.replace: an ordinary tree of this class
             super().__init__(**fields)
             return
-        self.__dict__.update(_lists=lists, _device=device, draft_probs=None, drafting="deterministic", origin=None,
-                             _cache={})
+        self.__dict__.update(_lists=lists, _device=device, draft_probs=None, drafting="deterministic", _cache={})
+        # origin has a class-level default (None), so it cannot wait for __getattr__.
+        self.__dict__["origin"] = None if origin is None else torch.tensor(origin, dtype=torch.long, device=device)
 
     def __getattr__(self, name: str):
         # Only reached for attributes not set yet: the node tensors of a tree still in lists.

@@ -14,7 +14,6 @@ a plain decoding step).
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,7 +23,7 @@ from specframe.options import require
 from specframe.search_space import tunable
 from specframe.sampled_children import draft_distribution, rank_in_row, sample_iid, session_generator
 from specframe.sizing import AUTO, AutoSizedPolicy, Growth, check_size_option
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, as_float32
 
 SCHEDULES = ("constant", "heuristic")
 
@@ -173,11 +172,11 @@ def grow_on_host(session: DraftSession, growth: Growth, gamma: int, threshold: f
         [((value,), (token,), (rank,))], dtype = session.expand_top_lists(tree, [node], 1)
         # The tensor loop's sum promotes to the values' dtype: float64 values sum in float64
         # (each node's log-prob rounded once when stored), the others in float32.
-        cumulative = cumulative + value if dtype == torch.float64 else _float32(cumulative + value)
+        cumulative = cumulative + value if dtype == torch.float64 else as_float32(cumulative + value)
         tokens.append(token)
         parents.append(node)
         depths.append(node + 1)
-        logp.append(_float32(cumulative))
+        logp.append(as_float32(cumulative))
         ranks.append(rank)
         tree = DraftTree.from_lists(tokens[:], parents[:], depths[:], logp[:], ranks[:], session.device)
         # exp in the values' dtype, as the tensor loop's threshold test reads it.
@@ -190,10 +189,6 @@ def grow_on_host(session: DraftSession, growth: Growth, gamma: int, threshold: f
         return tree
     return DraftTree.from_lists(tokens[:cut], parents[:cut], depths[:cut], logp[:cut], ranks[:cut], session.device)
 
-
-def _float32(value: float) -> float:
-    """``value`` rounded to the nearest float32, as a float32 tensor holds it."""
-    return array("f", (value,))[0]
 
 
 def finite_prefix(tree: DraftTree) -> DraftTree:

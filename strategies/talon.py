@@ -25,7 +25,7 @@ from specframe.options import require
 from specframe.search_space import tunable
 from specframe.selection import top_indices
 from specframe.sizing import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, Growth, MuBandit
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, as_float32
 
 
 @dataclass
@@ -87,6 +87,14 @@ class TalonPolicy(AutoSizedPolicy):
         top_k = growth.root_width(self.options.top_k)
         n_max = min(growth.budget, growth.nodes + top_k) if growth.auto else growth.nodes
         log_mu = math.log(mu)
+        if session.device.type == "cpu":
+            return grow_on_host(session, growth, n_max, top_k, self.options.init_layers, log_mu)
+        return self.grow_tensors(session, growth, n_max, top_k, log_mu)
+
+    def grow_tensors(self, session: DraftSession, growth: Growth, n_max: int, top_k: int,
+                     log_mu: float) -> DraftTree:
+        """:meth:`grow`'s layer loop over tensors (every device): :func:`grow_on_host` is its
+        CPU fast path, held equal to it by tests/test_host_trees.py."""
         tree = session.new_tree()
         scores = torch.zeros(1, dtype=torch.float64, device=tree.device)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
@@ -113,3 +121,45 @@ class TalonPolicy(AutoSizedPolicy):
             if growth.stop(tree, frontier, last=len(tree) >= n_max):
                 break
         return tree
+
+
+def grow_on_host(session: DraftSession, growth: Growth, n_max: int, top_k: int, init_layers: int,
+                 log_mu: float) -> DraftTree:
+    """TALON's layer loop (:meth:`TalonPolicy.grow_tensors`) over host lists, for the CPU: each
+    layer is a few dozen candidates, which Python scores, gates and ranks in microseconds where
+    a dozen tensor ops cost tens each. The same tree, node for node: cumulative scores in float64
+    (a double), a child's draft log-prob clamped at 0, the gate anchored at the layer's best,
+    the best ``keep`` finite candidates by score then index, appended in (parent, rank) order."""
+    tokens, parents, depths, logp, ranks = [session.root_token], [-1], [0], [0.0], [-1]
+    scores, frontier = [0.0], [0]
+    tree = DraftTree.from_lists(tokens, parents, depths, logp, ranks, session.device)
+    depth = 0
+    while len(tokens) < n_max and frontier:
+        room = n_max - len(tokens)
+        keep_at_most = min(room, top_k) if depth < init_layers else room
+        rows, _ = session.expand_top_lists(tree, frontier, keep_at_most)
+        k = len(rows[0][0])
+        cand = [scores[node] + min(value, 0.0) for node, (values, _, _) in zip(frontier, rows) for value in values]
+        if depth >= init_layers:
+            gate = math.nan if any(c != c for c in cand) else max(cand) + log_mu  # torch's max keeps a NaN
+            cand = [c if c >= gate else -math.inf for c in cand]
+        chosen = sorted(sorted((i for i, c in enumerate(cand) if math.isfinite(c)), key=lambda i: -cand[i])[:keep_at_most])
+        if not chosen:
+            break  # the drafter offered no finite candidate
+        first = len(tokens)
+        for flat in chosen:
+            row, j = divmod(flat, k)
+            parent = frontier[row]
+            tokens.append(rows[row][1][j])
+            parents.append(parent)
+            depths.append(depths[parent] + 1)
+            logp.append(as_float32(cand[flat]))
+            ranks.append(rows[row][2][j])
+            scores.append(cand[flat])
+        frontier = list(range(first, len(tokens)))
+        tree = DraftTree.from_lists(tokens[:], parents[:], depths[:], logp[:], ranks[:], session.device)
+        depth += 1
+        if growth.stop(tree, frontier, last=len(tokens) >= n_max):
+            break
+    return tree
+

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import sys
 
 import pytest
 import torch
@@ -18,7 +20,12 @@ from specframe.interfaces import DraftSession
 from specframe.sizing.growth import Growth
 from specframe.testing import fixtures as fx
 from specframe.testing.strategies import draft_trees
-from strategies.chain import grow_on_host
+from specframe.plugins import get_registry
+
+# The built-ins as the registry loaded them (the module a patch must reach).
+chain_module = sys.modules[get_registry().get("policies", "chain").__module__]
+talon_module = sys.modules[get_registry().get("policies", "talon").__module__]
+grow_on_host, talon_on_host = chain_module.grow_on_host, talon_module.grow_on_host
 
 FIELDS = ("tokens", "parents", "depths", "logp", "ranks")
 
@@ -85,3 +92,70 @@ def test_the_chains_host_loop_builds_the_tensor_loops_tree(drafter, prompt, gamm
     assert listed.has_host() and forwards[0] == forwards[1]
     for f in FIELDS:
         assert torch.equal(getattr(listed, f), getattr(tensors, f)), f
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "model-f32"])
+@given(prompt=st.lists(st.integers(0, fx.VOCAB - 1), min_size=2, max_size=12), budget=st.integers(2, 40),
+       mu=st.sampled_from([0.003, 0.03, 0.3, 1.0]), top_k=st.integers(1, 12), init_layers=st.integers(0, 2))
+def test_talons_host_loop_builds_the_tensor_loops_tree(drafter, prompt, budget, mu, top_k, init_layers):
+    target, make = _drafters()
+    tgt = specframe.TargetModel(target)
+    policy = make_plugin("policies", ("talon", {"budget": budget, "mu": mu, "top_k": top_k,
+                                                 "init_layers": init_layers}))
+    log_mu = math.log(mu)
+    trees, forwards = [], []
+    for grow in (lambda s, g: policy.grow_tensors(s, g, budget, top_k, log_mu),
+                 lambda s, g: talon_on_host(s, g, budget, top_k, init_layers, log_mu)):
+        dra = make[drafter](tgt)
+        dra.begin(torch.tensor(prompt))
+        session = DraftSession(dra, prompt[-1], torch.device("cpu"), context_len=len(prompt))
+        trees.append(grow(session, Growth(budget, budget)))
+        forwards.append(session.draft_forwards)
+    tensors, listed = trees
+    assert listed.has_host() and forwards[0] == forwards[1]
+    for f in FIELDS:
+        assert torch.equal(getattr(listed, f), getattr(tensors, f)), f
+
+
+@pytest.mark.parametrize("policy", [("talon", {"budget": 12}), ("talon", {"budget": 30, "mu": 0.3, "init_layers": 2}),
+                                    ("chain", {"gamma": 4, "confidence_stop": True, "confidence_threshold": 0.5})])
+def test_the_host_loops_decode_as_the_tensor_loops(policy, monkeypatch):
+    """Whole generations: the CPU's host loops and the tensor loops (forced by replacing the
+    host loops) give the same steps, tree for tree. (Sizes chosen by the auto sizer depend on
+    measured time, so they differ from run to run: fixed sizes here, the prune below.)"""
+    target = fx.tiny_target()
+    runs = []
+    for host in (True, False):
+        dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
+                                          policy=policy, strict=False)
+        if not host:
+            pol = dec.policy
+            monkeypatch.setattr(talon_module, "grow_on_host",
+                                lambda s, g, n, k, init, log_mu: pol.grow_tensors(s, g, n, k, log_mu))
+            monkeypatch.setattr(chain_module, "grow_on_host",
+                                lambda s, g, gamma, threshold: pol.grow_tensors(s, g, gamma, threshold))
+        trees = []
+        out = dec.generate([5, 17, 9, 4, 4, 12], max_new_tokens=40, eos_token_id=None,
+                           on_step=lambda view: trees.append((view.tree.has_host(), view.tree.tokens.tolist(),
+                                                              view.tree.parents.tolist())))
+        runs.append((out.tokens, [(s.tree_size, s.accepted) for s in out.steps], trees))
+        monkeypatch.undo()
+    (tokens, steps, trees), (tokens_t, steps_t, trees_t) = runs
+    assert tokens == tokens_t and steps == steps_t
+    assert [t[1:] for t in trees] == [t[1:] for t in trees_t]
+    assert any(t[0] for t in trees) and not any(t[0] for t in trees_t)
+
+
+@given(tree=draft_trees(max_nodes=40, vocab_size=16), data=st.data())
+def test_the_auto_sizers_cut_of_a_tree_in_lists_is_its_cut_in_tensors(tree, data):
+    from specframe.sizing.prune import closed, subtree
+
+    parents = tree.parents.tolist()
+    keep = closed(sorted({0, *data.draw(st.lists(st.integers(0, len(tree) - 1), max_size=len(tree)))}), parents)
+    index = {old: new for new, old in enumerate(keep)}
+    kept_parents = [index[parents[i]] if i else -1 for i in keep]
+    listed, tensors = subtree(_listed(tree), keep, kept_parents), subtree(tree, keep, kept_parents)
+    assert listed.has_host()
+    for f in FIELDS:
+        assert torch.equal(getattr(listed, f), getattr(tensors, f)), f
+    assert torch.equal(listed.origins(), tensors.origins())

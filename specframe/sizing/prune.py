@@ -46,7 +46,11 @@ class HostTree:
         # Only what the host does not know yet is read; depths and the parents' log-probs are
         # derived here (every tensor op costs more than the arithmetic on a tiny model's step).
         first, m = len(self.logp), n - k
-        if tree.device.type == "cpu":
+        if tree.has_host():  # grown in host lists: nothing to read
+            lists = tree.host()
+            self.logp += lists.logp[first:]
+            links, ranks = lists.parents[k:], lists.ranks[k:]
+        elif tree.device.type == "cpu":
             # On the CPU a read is a copy: three whole reads cost less than one concatenation
             # (or than slicing first), and a tree holds at most a few hundred nodes.
             self.logp += tree.logp.tolist()[first:]
@@ -86,6 +90,11 @@ def subtree(tree: DraftTree, keep: list[int], parents: list[int]) -> DraftTree:
     ancestor-closed, with its re-indexed ``parents``: a few gathers instead of select's checks
     and index arithmetic (on a tiny model they cost more than the choice itself). A prefix
     (a plain step, a layer-wise tree cut after its best nodes) is a slice of every field."""
+    if tree.has_host() and tree.origin is None:  # lists in, lists out: the kept indices are the origins
+        lists = tree.host()
+        return DraftTree.from_lists([lists.tokens[i] for i in keep], list(parents), [lists.depths[i] for i in keep],
+                                    [lists.logp[i] for i in keep], [lists.ranks[i] for i in keep], tree.device,
+                                    origin=None if keep[-1] == len(keep) - 1 else list(keep))
     if keep[-1] == len(keep) - 1:
         m = len(keep)
         return replace(tree, tokens=tree.tokens[:m], parents=tree.parents[:m], depths=tree.depths[:m],
