@@ -29,7 +29,7 @@ from specframe.models.linears import linears_label, use_linears
 from specframe.models.packed_linear import linear_kernel, pack_linears
 from specframe.selection import topk_per_row
 from specframe.models.target import TargetModel
-from specframe.tree import DraftTree
+from specframe.tree import DraftTree, HostLists
 
 from .eagle_checkpoint import load_head
 from .eagle_head import EagleHead
@@ -111,8 +111,10 @@ class EagleDrafter(Drafter):
             self._queue(self.head.features(target_hidden)[0], prompt_ids[1:])
         # The head's vocabulary map, read once a generation: top-k over the draft vocabulary
         # keeps the target's tie rule (lower id first) only where the map is increasing.
-        ids = self.head.draft_ids if self.head.maps_vocab else None
-        self._draft_ids = ids if ids is not None and bool((ids[1:] > ids[:-1]).all()) else None
+        ids = self.head.draft_ids if self.head.maps_vocab else None  # None: the target's own ids
+        self._increasing = ids is None or bool((ids[1:] > ids[:-1]).all())
+        self._draft_ids = ids
+        self._id_list = None if ids is None else ids.tolist()
         self._new_step()
 
     @torch.inference_mode()
@@ -146,12 +148,27 @@ class EagleDrafter(Drafter):
         target id) and every row has ``k`` finite entries (a short row pads with target ids);
         on the CPU, where that check reads nothing from a device."""
         ids = self._draft_ids
-        if ids is None or rows.device.type != "cpu" or k > rows.shape[1]:
+        if ids is None or not self._increasing or rows.device.type != "cpu" or k > rows.shape[1]:
             return topk_per_row(self.head.to_target(rows), k)
         values, index, ranks = topk_per_row(rows, k)
         if k and bool(torch.isinf(values[:, -1]).any()):
             return topk_per_row(self.head.to_target(rows), k)
         return values, ids[index], ranks
+
+    def top_lists(self, tree: DraftTree, nodes: list[int], k: int) -> list[tuple[list[float], list[int]]]:
+        """:meth:`expand_top`'s rows as host lists (``DraftSession.expand_top_lists``), on the
+        CPU from one ``topk`` of ``k + 1`` places and a sort of ``k`` on the host: where a row's
+        ``k``-th and ``k + 1``-th values tie (``topk`` may pick either), a row has fewer than ``k``
+        finite entries or a NaN, the call takes :meth:`expand_top`'s exact selection instead."""
+        rows = self._draft_rows(tree, torch.as_tensor(nodes, dtype=torch.long))
+        k = min(int(k), self.vocab_size)
+        if self._increasing and rows.device.type == "cpu" and 0 < k < rows.shape[1]:
+            top = torch.topk(rows, k + 1, dim=-1, sorted=True)
+            out = _host_top(top.values.tolist(), top.indices.tolist(), k, self._id_list)
+            if out is not None:
+                return out
+        values, tokens, _ = self._top(rows, k)
+        return list(zip(values.tolist(), tokens.tolist()))
 
     def _draft_rows(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary log-probs ``[len(nodes), V_draft]`` (one head forward per missing layer)."""
@@ -196,15 +213,25 @@ class EagleDrafter(Drafter):
             job = self._root_job()
             if job is not None:
                 self._take_root((yield job))
-        anc = tree.ancestor_mask()[nodes].any(dim=0)
-        missing = [i for i in torch.nonzero(anc).flatten().tolist() if i not in self.logp_of]
-        depths = tree.depths.tolist()
+        wanted = nodes.tolist()
+        if tree.has_host():  # a tree in host lists: its ancestors and depths without tensor ops
+            lists = tree.host()
+            closure = set()
+            for node in wanted:
+                while node >= 0 and node not in closure:
+                    closure.add(node)
+                    node = lists.parents[node]
+            missing, depths = [i for i in sorted(closure) if i not in self.logp_of], lists.depths
+        else:
+            anc = tree.ancestor_mask()[nodes].any(dim=0)
+            missing = [i for i in torch.nonzero(anc).flatten().tolist() if i not in self.logp_of]
+            depths = tree.depths.tolist()
         for depth in sorted({depths[i] for i in missing}):
             todo = [i for i in missing if depths[i] == depth]
             job = self._nodes_job(tree, todo)
             if job is not None:
                 self._take_nodes(todo, (yield job))
-        return torch.stack([self.logp_of[int(n)] for n in nodes.tolist()])
+        return torch.stack([self.logp_of[n] for n in wanted])
 
     def _uniform(self) -> torch.Tensor:
         cfg = self.head.config
@@ -240,6 +267,8 @@ class EagleDrafter(Drafter):
             for node in todo:
                 self.logp_of[node] = self._uniform()
             return None
+        if tree.has_host():
+            return self._nodes_job_from_lists(tree.host(), todo)
         idx = torch.tensor(todo, dtype=torch.long, device=tree.device)
         parents = tree.parents[idx].tolist()
         missing = [p for p in parents if p not in self.out_of]
@@ -255,11 +284,34 @@ class EagleDrafter(Drafter):
         mask[:, self.cached + s :] = anc[:, idx.to(self.device)]
         return _HeadJob(tree.tokens[idx].to(self.device), feats, positions, mask, from_target=False)
 
+    def _nodes_job_from_lists(self, lists: HostLists, todo: list[int]) -> "_HeadJob":
+        """:meth:`_nodes_job` for a tree in host lists: the same job, its mask's tree columns
+        (this step's cached nodes, then ``todo``) from the lists in one tensor."""
+        parents = [lists.parents[i] for i in todo]
+        missing = [p for p in parents if p not in self.out_of]
+        if missing:
+            raise RuntimeError(f"EAGLE drafter: node {missing[0]}'s parent was never expanded")
+        columns = self.slots + todo
+        rows = []
+        for node in todo:
+            seen = set()
+            while node >= 0:
+                seen.add(node)
+                node = lists.parents[node]
+            rows.append([c in seen for c in columns])
+        mask = torch.ones(len(todo), self.cached + len(columns), dtype=torch.bool, device=self.device)
+        mask[:, self.cached :] = torch.tensor(rows, dtype=torch.bool, device=self.device)
+        return _HeadJob(torch.tensor([lists.tokens[i] for i in todo], dtype=torch.long, device=self.device),
+                        torch.stack([self.out_of[p] for p in parents]),
+                        torch.tensor([self.cached - 1 + lists.depths[i] for i in todo], device=self.device),
+                        mask, from_target=False)
+
     def _take_nodes(self, todo: list[int], hidden: torch.Tensor) -> None:
         logp = self.head.draft_logp(self.head.logits(hidden))
-        for j, node in enumerate(todo):
-            self.out_of[node] = hidden[j]
-            self.logp_of[node] = logp[j]
+        # One unbind each: an index per node is a tensor op per node.
+        for node, out, row in zip(todo, hidden.unbind(0), logp.unbind(0)):
+            self.out_of[node] = out
+            self.logp_of[node] = row
         self.slots += todo
 
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
@@ -287,6 +339,20 @@ class EagleDrafter(Drafter):
             self._queue(self.head.features(target_hidden, path.to(torch.long))[0], tokens)
         self.num_committed += len(tokens)
         self._new_step()
+
+
+def _host_top(values: list[list[float]], index: list[list[int]], k: int,
+              ids: list[int] | None) -> list[tuple[list[float], list[int]]] | None:
+    """Each row's ``k`` best of its ``k + 1`` largest (``values``, draft ``index``), ordered by
+    value then id and mapped to target ``ids`` (None: the same ids); None when a row needs the
+    exact selection (a tie at the k-th place, fewer than k finite values, a NaN)."""
+    out = []
+    for vals, idx in zip(values, index):
+        if vals[k - 1] == vals[k] or vals[k - 1] == -math.inf or any(v != v for v in vals):
+            return None
+        order = sorted(range(k), key=lambda j: (-vals[j], idx[j]))
+        out.append(([vals[j] for j in order], [idx[j] if ids is None else ids[idx[j]] for j in order]))
+    return out
 
 
 @dataclass

@@ -117,17 +117,29 @@ def test_talons_host_loop_builds_the_tensor_loops_tree(drafter, prompt, budget, 
         assert torch.equal(getattr(listed, f), getattr(tensors, f)), f
 
 
+@pytest.fixture(scope="module")
+def eagle_target():
+    from specframe.testing.models import tiny_model
+
+    return tiny_model("llama", seed=3, layers=4, vocab_size=fx.VOCAB, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle3"])
 @pytest.mark.parametrize("policy", [("talon", {"budget": 12}), ("talon", {"budget": 30, "mu": 0.3, "init_layers": 2}),
                                     ("chain", {"gamma": 4, "confidence_stop": True, "confidence_threshold": 0.5})])
-def test_the_host_loops_decode_as_the_tensor_loops(policy, monkeypatch):
+def test_the_host_loops_decode_as_the_tensor_loops(drafter, policy, eagle_target, monkeypatch):
     """Whole generations: the CPU's host loops and the tensor loops (forced by replacing the
     host loops) give the same steps, tree for tree. (Sizes chosen by the auto sizer depend on
     measured time, so they differ from run to run: fixed sizes here, the prune below.)"""
-    target = fx.tiny_target()
+    from specframe.drafters.eagle_checkpoint import random_head
+
+    # EAGLE-3 with a reduced vocabulary (a non-trivial map) reads list-held trees without tensors.
+    target = eagle_target if drafter == "eagle3" else fx.tiny_target()
+    spec = ("eagle3", {"head": random_head(target, "eagle3", seed=2, draft_vocab_size=24)}) if drafter == "eagle3" \
+        else ("model", {"model": fx.close_draft(target)})
     runs = []
     for host in (True, False):
-        dec = specframe.SpecDecoder.build(target=target, drafter=("model", {"model": fx.close_draft(target)}),
-                                          policy=policy, strict=False)
+        dec = specframe.SpecDecoder.build(target=target, drafter=spec, policy=policy, strict=False)
         if not host:
             pol = dec.policy
             monkeypatch.setattr(talon_module, "grow_on_host",
@@ -159,3 +171,51 @@ def test_the_auto_sizers_cut_of_a_tree_in_lists_is_its_cut_in_tensors(tree, data
     for f in FIELDS:
         assert torch.equal(getattr(listed, f), getattr(tensors, f)), f
     assert torch.equal(listed.origins(), tensors.origins())
+
+
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 4), width=st.integers(2, 40), k=st.integers(1, 8),
+       levels=st.sampled_from([3, 1 << 20]), specials=st.booleans())
+def test_the_eagle_drafters_host_top_k_is_topk_per_row_or_declines(seed, rows, width, k, levels, specials):
+    """EAGLE's top_lists takes one topk of k + 1 places and sorts k on the host: where it answers,
+    it is topk_per_row's answer (mapped ids included); ties at the k-th place, short rows and
+    NaN make it decline (the exact selection runs instead)."""
+    from specframe.selection import topk_per_row
+
+    host_top = sys.modules[get_registry().get("drafters", "eagle").__module__]._host_top
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.randint(0, levels, (rows, width), generator=g).float()
+    if specials:
+        logp[torch.rand(rows, width, generator=g) < 0.2] = float("-inf")
+        logp[torch.rand(rows, width, generator=g) < 0.05] = float("nan")
+    k = min(k, width - 1)
+    ids = sorted(torch.randperm(3 * width, generator=g)[:width].tolist())  # an increasing map
+    top = torch.topk(logp, k + 1, dim=-1, sorted=True)
+    got = host_top(top.values.tolist(), top.indices.tolist(), k, ids)
+    if top.values.isnan().any():
+        assert got is None
+        return
+    values, index, _ = topk_per_row(logp, k)
+    if got is None:
+        assert (values[:, -1] == -math.inf).any() or (top.values[:, k - 1] == top.values[:, k]).any()
+        return
+    assert [v for v, _ in got] == values.tolist()
+    assert [t for _, t in got] == [[ids[i] for i in row] for row in index.tolist()]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle3", "eagle"])
+def test_a_drafters_top_lists_are_its_expand_top(drafter, eagle_target):
+    from specframe.drafters.eagle_checkpoint import random_head
+
+    tgt = specframe.TargetModel(eagle_target)
+    spec = drafter if drafter == "ngram" else \
+        (drafter, {"head": random_head(eagle_target, drafter, seed=2, **({"draft_vocab_size": 24} if drafter == "eagle3" else {}))})
+    dra = make_plugin("drafters", spec, tgt)
+    prompt = [5, 9, 3, 5, 9, 4, 5, 9]
+    dra.begin(torch.tensor(prompt), target_hidden=tuple(eagle_target(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states)
+              if drafter != "ngram" else None)
+    session = DraftSession(dra, prompt[-1], torch.device("cpu"), context_len=len(prompt))
+    tree = talon_on_host(session, Growth(12, 12), 12, 3, 1, math.log(0.1))
+    nodes = list(range(len(tree)))
+    for k in (1, 2, 5):
+        values, tokens, _ = dra.expand_top(tree, torch.tensor(nodes), k)
+        assert dra.top_lists(tree, nodes, k) == list(zip(values.tolist(), tokens.tolist()))
