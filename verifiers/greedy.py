@@ -19,7 +19,7 @@ def greedy_leaf(tree: DraftTree, target_logits: torch.Tensor) -> tuple[torch.Ten
     """
     # row_argmax keeps argmax's tie rule (the first maximal index); float32 rows on the CPU
     # take specframe's native scan, a fraction of torch's index reduction.
-    argmax = row_argmax(target_logits).to(tree.device)
+    argmax = row_argmax(target_logits, fresh=True).to(tree.device)
     match = tree.tokens == argmax[tree.parents.clamp(min=0)]
     match[0] = True
     # Accepted: every ancestor-or-self matches (the mask implies the match, row by row).
@@ -59,7 +59,7 @@ class GreedyVerifier(Verifier):
 
     def verdict_rows(self, tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor:
         """The target's argmax at every node, for :meth:`verify_host`."""
-        return row_argmax(target_logits)
+        return row_argmax(target_logits, fresh=True)
 
     def verify_host(self, tree: HostLists, rows: list[int]) -> tuple[int, int]:
         """:func:`greedy_leaf` on the host, from the argmax at every node."""
@@ -68,4 +68,4 @@ class GreedyVerifier(Verifier):
     def root_tokens(self, root_logits: torch.Tensor,
                     generators: list[torch.Generator | None]) -> torch.Tensor:
         """Every root's argmax in one call (the tie rule of :func:`greedy_leaf`)."""
-        return row_argmax(root_logits)
+        return row_argmax(root_logits, fresh=True)

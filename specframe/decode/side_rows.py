@@ -126,7 +126,7 @@ class SideStep:
         for b, (side, rows) in enumerate(zip(self.sides, kv.side_rows_of(logits))):
             if side is None:
                 continue
-            self._argmax.append(row_argmax(rows))
+            self._argmax.append(row_argmax(rows, fresh=True))
             self._logits[b] = rows if side.logits else None
         return self._argmax
 

@@ -123,7 +123,7 @@ class AutoregressiveRunner:
         tokens: list[int] = []
         prefill = first = None
         while True:
-            tok = int(row_argmax(logits))  # the greedy verifier's argmax, so the arms compare like for like
+            tok = int(row_argmax(logits, fresh=True))  # the greedy verdict's argmax: the arms compare like for like
             if first is None:  # the host read above waited for the prefill: it yields token one
                 first = time.perf_counter()
                 prefill = first - before

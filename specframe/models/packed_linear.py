@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe.models import native_gemm, timing
+from specframe.models import native_gemm, row_argmax, timing
 from specframe.models.cache_keys import (kernel_choice_key, load_kernel_choice, profile_command, remember_kernel_choice,
                                          save_kernel_choice)
 
@@ -111,6 +111,10 @@ class NativeLinear(nn.Module):
         # module object does not copy), and holding it spares a lookup on each of a forward's
         # two hundred calls.
         self._linear = ops.linear
+        self._linear_argmax = ops.linear_argmax
+        #: Fold each output row's argmax into the forward (the model's output layer: the
+        #: greedy verdict reads it through :func:`specframe.models.row_argmax.row_argmax`).
+        self.argmax_rows = False
 
     def repack(self) -> None:
         """Pack :attr:`weight` again (after it changed in place, e.g. a perturbed copy)."""
@@ -122,8 +126,12 @@ class NativeLinear(nn.Module):
         rows = x.numel() // x.shape[-1] if x.numel() else 0
         if not 0 < rows <= (self.max_rows or rows) or self._packed is None or _plain(x):
             return F.linear(x, self.weight, self.bias)
-        out = self._linear(x.reshape(rows, x.shape[-1]), self._packed, self.out_features,
-                               None if self.bias is None else self.bias.detach())
+        bias = None if self.bias is None else self.bias.detach()
+        if self.argmax_rows:
+            out, argmax = self._linear_argmax(x.reshape(rows, x.shape[-1]), self._packed, self.out_features, bias)
+            row_argmax.remember(out, argmax)
+        else:
+            out = self._linear(x.reshape(rows, x.shape[-1]), self._packed, self.out_features, bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -308,6 +316,9 @@ def pack_linears(model: nn.Module, kernel: str = "auto", buckets: tuple[int, ...
         raise RuntimeError(f"packed linears need a torch build with {library} (x86 CPU wheels have both)")
     for parent, name, child in _linears(model):
         setattr(parent, name, _wrap(child, kernel, buckets))
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(output, NativeLinear):  # the greedy verdict's argmax comes with the logits
+        output.argmax_rows = True
     return kernel
 
 

@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -101,11 +103,49 @@ constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int,
 }
 constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kTileRows>{});
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n_out, const std::optional<at::Tensor>& bias) {
+typedef int32_t ivec __attribute__((vector_size(kLanes * 4)));
+
+// One thread's running argmax over the panels it computed: per row, per lane, the largest value
+// seen and the first column it appeared at (a strict > keeps the first), and whether a NaN came.
+struct LaneBest {
+  int64_t first_panel;
+  std::vector<vec> value;
+  std::vector<ivec> index;
+  std::vector<ivec> nan;
+};
+
+// Fold panel p's freshly written outputs (rows of y, still in L1) into a thread's LaneBest.
+void fold_panel(LaneBest& best, const float* y, int64_t rows, int64_t n_out, int64_t p) {
+  const int64_t col = p * kLanes, width = std::min(kLanes, n_out - col);
+  ivec lane;
+  for (int j = 0; j < kLanes; ++j) lane[j] = static_cast<int32_t>(col + j);
+  for (int64_t m = 0; m < rows; ++m) {
+    vec a;
+    if (width == kLanes) {
+      std::memcpy(&a, y + m * n_out + col, sizeof(vec));
+    } else {  // the last panel's padding lanes never win (-inf, and their columns come last)
+      for (int j = 0; j < kLanes; ++j) a[j] = j < width ? y[m * n_out + col + j] : -std::numeric_limits<float>::infinity();
+    }
+    if (p == best.first_panel) {
+      best.value[m] = a;
+      best.index[m] = lane;
+      best.nan[m] = a != a;
+      continue;
+    }
+    const ivec more = a > best.value[m];
+    best.value[m] = more ? a : best.value[m];
+    best.index[m] = more ? lane : best.index[m];
+    best.nan[m] |= a != a;
+  }
+}
+
+at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                       const std::optional<at::Tensor>& bias, at::Tensor* argmax) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
               "linear: 2-D float32 input and packed weight");
   const int64_t rows = x.size(0), k_in = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == k_in && panels * kLanes >= n_out, "linear: weight does not match the input");
+  TORCH_CHECK(!argmax || n_out < (int64_t(1) << 31), "linear_argmax: too many columns");
   auto xt = at::empty({k_in, rows}, x.options());  // transposed by hand: at::Tensor::t().contiguous() costs ~10 us
   {
     const auto xc = x.contiguous();
@@ -121,7 +161,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n_out, 
   const float* w_p = packed.data_ptr<float>();
   const float* b_p = b.defined() ? b.data_ptr<float>() : nullptr;
   float* y_p = y.data_ptr<float>();
+  std::vector<LaneBest> parts;
+  std::mutex parts_lock;
   at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
+    LaneBest best{first, std::vector<vec>(argmax ? rows : 0), std::vector<ivec>(argmax ? rows : 0),
+                  std::vector<ivec>(argmax ? rows : 0)};
     for (int64_t p = first; p < last; ++p) {
       const float* panel = w_p + p * k_in * kLanes;
       for (int64_t r = 0; r < rows; r += kTileRows) {
@@ -129,9 +173,58 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n_out, 
         // Later row tiles find the panel in cache; only the first streams it.
         kTiles[tile_rows - 1](xt_p + r, rows, panel, k_in, r == 0, y_p + r * n_out, n_out, p * kLanes, b_p);
       }
+      if (argmax) fold_panel(best, y_p, rows, n_out, p);
+    }
+    if (argmax && first < last) {
+      std::lock_guard<std::mutex> hold(parts_lock);
+      parts.push_back(std::move(best));
     }
   });
+  if (argmax) {
+    // Join the threads' ranges in column order: an earlier range wins a tie, the first NaN wins.
+    std::sort(parts.begin(), parts.end(), [](const LaneBest& a, const LaneBest& b) { return a.first_panel < b.first_panel; });
+    *argmax = at::empty({rows}, x.options().dtype(at::kLong));
+    int64_t* out = argmax->data_ptr<int64_t>();
+    for (int64_t m = 0; m < rows; ++m) {
+      float value = 0.0f;
+      int64_t index = -1;
+      for (const LaneBest& part : parts) {
+        bool nan = false;
+        for (int j = 0; j < kLanes; ++j) nan = nan || part.nan[m][j];
+        if (nan) {  // rare: the range's first NaN, scanned from the row itself
+          const int64_t c0 = part.first_panel * kLanes;
+          int64_t c = c0;
+          while (c < n_out && !std::isnan(y_p[m * n_out + c])) ++c;
+          index = c;
+          break;
+        }
+        for (int j = 0; j < kLanes; ++j) {
+          const float v = part.value[m][j];
+          const int64_t i = part.index[m][j];
+          if (index < 0 || v > value || (v == value && i < index)) {
+            value = v;
+            index = i;
+          }
+        }
+      }
+      out[m] = index;
+    }
+  }
   return y;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n_out, const std::optional<at::Tensor>& bias) {
+  return linear_impl(x, packed, n_out, bias, nullptr);
+}
+
+// linear() and the first index of each output row's maximum (torch.max(dim=-1).indices' rule),
+// folded in while each panel's outputs are still in L1: a scan of the rows afterwards reads them
+// back from memory (the weight stream has evicted them), most of a small verification's time.
+std::tuple<at::Tensor, at::Tensor> linear_argmax(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                                                  const std::optional<at::Tensor>& bias) {
+  at::Tensor argmax;
+  auto y = linear_impl(x, packed, n_out, bias, &argmax);
+  return {y, argmax};
 }
 
 
@@ -252,6 +345,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "Pack a [out, in] float32 weight into [panel][in][16] panels");
   m.def("linear", &linear, "x @ W^T (+ bias) for a few float32 rows against a packed weight");
+  m.def("linear_argmax", &linear_argmax, "linear() and the first index of each output row's maximum");
   m.def("argmax_rows", &argmax_rows, "First index of each row's maximum (NaN first), as torch.max(dim=-1).indices");
   m.attr("tile_rows") = kTileRows;
 }
