@@ -19,6 +19,7 @@ from specframe.models.target import TargetModel
 from specframe.testing import fixtures as fx
 from specframe.testing.conformance import DrafterConformance
 from specframe.tree import DraftTree
+from specframe.tree import DraftTree
 
 
 class _TableDrafter(Drafter):
@@ -99,6 +100,8 @@ def _shape(call: tuple[str, tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]
     what, args, kwargs = call
 
     def kind(value: Any) -> Any:
+        if isinstance(value, DraftTree):  # a tree the CPU's policies keep in host lists is one too
+            return "DraftTree"
         return (type(value).__name__, value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
 
     return what, tuple(kind(a) for a in args), tuple(sorted((k, kind(v)) for k, v in kwargs.items()))

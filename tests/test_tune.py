@@ -51,6 +51,15 @@ def _trials(out_dir, arm):
     return study.get_trials(deepcopy=False)
 
 
+def _trials_so_far(out_dir, arm):
+    """The trials of a tune still starting: none until its journal holds the study (the file
+    exists a moment before the study is written into it)."""
+    try:
+        return _trials(out_dir, arm) if (out_dir / "study.journal").exists() else []
+    except KeyError:  # optuna: "Record does not exist." (the study is not in the journal yet)
+        return []
+
+
 def test_tune_writes_a_runnable_best_toml_tune_json_and_the_report(recorded):
     tmp = recorded
     result = _tune(tmp, "out", "--trials", "4", "--arms", "ngram+chain")
@@ -108,7 +117,7 @@ def test_a_tune_killed_mid_trial_resumes_without_repeating_a_finished_trial(reco
         while True:
             assert time.monotonic() < deadline, "the tune never reached its third trial"
             assert proc.poll() is None, "the tune ended before it could be killed"
-            trials = _trials(out, "talon") if (out / "study.journal").exists() else []
+            trials = _trials_so_far(out, "talon")
             done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
             if len(done) >= 2 and any(t.state == TrialState.RUNNING for t in trials):
                 break

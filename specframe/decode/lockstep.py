@@ -201,8 +201,8 @@ class LockstepSession(DraftSession):
 
     def expand_top_lists(self, tree: DraftTree, nodes: list[int],
                          k: int) -> tuple[list[tuple[list[float], list[int], list[int]]], torch.dtype]:
-        """:meth:`DraftSession.expand_top_lists` through this session's :meth:`expand_top`, so
-        the call is answered with the other rows' (a drafter's own ``top_lists`` would not be)."""
+        """:meth:`DraftSession.expand_top_lists` through the batched :meth:`expand_top`, so the
+        call is answered with the other rows' (a drafter's own ``top_lists`` would not be)."""
         values, tokens, ranks = self.expand_top(tree, nodes, k)
         return list(zip(values.tolist(), tokens.tolist(), ranks.tolist())), values.dtype
 
