@@ -165,7 +165,8 @@ class NgramDrafter(Drafter):
     def commit(self, tokens: torch.Tensor, path: torch.Tensor | None = None, target_hidden: Any = None,
                tree: DraftTree | None = None) -> None:
         """Index the newly committed tokens (accepted drafts + bonus)."""
-        self.index.extend(torch.as_tensor(tokens).flatten().tolist())
+        self.index.extend(tokens.tolist() if isinstance(tokens, torch.Tensor) and tokens.dim() == 1
+                          else torch.as_tensor(tokens).flatten().tolist())
         self._ranked = {}  # weights (recency) and counts changed
 
     # ------------------------------------------------------------------ lookup

@@ -391,7 +391,8 @@ class SpecDecoder:
             verdict_rows = verifier.verdict_rows(tree, row_logits) if isinstance(ok, bool) and tree.has_host() else None
             if verdict_rows is not None:
                 on_host.add(b)
-                pieces.append(verdict_rows.reshape(-1).long())
+                flat_rows = verdict_rows.dim() == 1 and verdict_rows.dtype == torch.long
+                pieces.append(verdict_rows if flat_rows else verdict_rows.reshape(-1).long())
                 continue
             if ok is None:  # an engine-made root, verified alone
                 ok = torch.ones((), dtype=torch.bool, device=tree.device)

@@ -353,7 +353,8 @@ class TargetModel:
         ``contiguous`` (slots are 0..k-1) may be passed by a caller that already knows it on the
         host; otherwise it is read from the device.
         """
-        slots = slots.to(self.device, torch.long)
+        if slots.device != self.device or slots.dtype != torch.long:
+            slots = slots.to(self.device, torch.long)
         n = int(slots.numel())
         if contiguous is None:
             contiguous = n == 0 or bool((slots == torch.arange(n, device=self.device)).all())
