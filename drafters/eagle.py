@@ -107,6 +107,8 @@ class EagleDrafter(Drafter):
         width = self.head.config.feature_size
         self.pending_feats = torch.zeros(0, width, dtype=self.head.fc.weight.dtype, device=self.device)
         self.pending_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+        # Emptied after each root forward: kept, not sliced anew (each op counts on a CPU step).
+        self._no_feats, self._no_tokens = self.pending_feats, self.pending_tokens
         if target_hidden is not None:
             self._queue(self.head.features(target_hidden)[0], prompt_ids[1:])
         # The head's vocabulary map, read once a generation: top-k over the draft vocabulary
@@ -120,9 +122,14 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def _queue(self, feats: torch.Tensor, tokens: torch.Tensor) -> None:
         n = min(len(feats), len(tokens))
-        feats = feats[:n].to(self.device, self.pending_feats.dtype)
-        self.pending_feats = torch.cat([self.pending_feats, feats])
-        self.pending_tokens = torch.cat([self.pending_tokens, tokens[:n].to(self.device, torch.long)])
+        feats, tokens = feats if n == len(feats) else feats[:n], tokens if n == len(tokens) else tokens[:n]
+        if feats.device != self.device or feats.dtype != self.pending_feats.dtype:
+            feats = feats.to(self.device, self.pending_feats.dtype)
+        if tokens.device != self.device or tokens.dtype != torch.long:
+            tokens = tokens.to(self.device, torch.long)
+        # Usually nothing is pending (the root forward took it): the new pairs are the queue.
+        self.pending_feats = torch.cat([self.pending_feats, feats]) if len(self.pending_feats) else feats
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens]) if len(self.pending_tokens) else tokens
 
     def _new_step(self) -> None:
         self.out_of: dict[int, torch.Tensor] = {}   # tree node -> head output feature
@@ -249,14 +256,13 @@ class EagleDrafter(Drafter):
             return None
         start = self.cached
         positions = torch.arange(start, start + p, device=self.device)
-        mask = torch.ones(p, start + p, dtype=torch.bool, device=self.device)
-        mask[:, start:] = torch.ones(p, p, dtype=torch.bool, device=self.device).tril()
+        # The whole committed cache, then causal among the new pairs: j <= start + i.
+        mask = torch.ones(p, start + p, dtype=torch.bool, device=self.device).tril(diagonal=start)
         return _HeadJob(self.pending_tokens, self.pending_feats, positions, mask, from_target=True)
 
     def _take_root(self, hidden: torch.Tensor) -> None:
         self.cached += len(self.pending_tokens)
-        self.pending_feats = self.pending_feats[:0]
-        self.pending_tokens = self.pending_tokens[:0]
+        self.pending_feats, self.pending_tokens = self._no_feats, self._no_tokens
         self.out_of[0] = hidden[-1]
         self.logp_of[0] = self.head.draft_logp(self.head.logits(hidden[-1:]))[0]
 
@@ -336,7 +342,7 @@ class EagleDrafter(Drafter):
         if self.kv is not None:
             self.kv = [(k[:, :, : self.cached], v[:, :, : self.cached]) for k, v in self.kv]
         if target_hidden is not None and path is not None:
-            self._queue(self.head.features(target_hidden, path.to(torch.long))[0], tokens)
+            self._queue(self.head.features(target_hidden, path if path.dtype == torch.long else path.long())[0], tokens)
         self.num_committed += len(tokens)
         self._new_step()
 

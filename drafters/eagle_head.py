@@ -320,7 +320,8 @@ class EagleHead(nn.Module):
 
     def draft_logp(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probs over the head's own vocabulary (``[n, V_draft]``, at least float32)."""
-        return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        return torch.log_softmax(logits if logits.dtype == dtype else logits.to(dtype), dim=-1)
 
     @property
     def maps_vocab(self) -> bool:
