@@ -105,6 +105,25 @@ constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kTileRows>{})
 
 typedef int32_t ivec __attribute__((vector_size(kLanes * 4)));
 
+bool any_lane(const ivec& mask) {
+  bool any = false;
+  for (int j = 0; j < kLanes; ++j) any = any || mask[j];
+  return any;
+}
+
+// Fold a register of per-lane bests into (value, index): the largest value, the lowest index
+// among equals (index < 0: nothing seen yet).
+void join_lanes(const vec& values, const ivec& indices, float& value, int64_t& index) {
+  for (int j = 0; j < kLanes; ++j) {
+    const float v = values[j];
+    const int64_t i = indices[j];
+    if (index < 0 || v > value || (v == value && i < index)) {
+      value = v;
+      index = i;
+    }
+  }
+}
+
 // One thread's running argmax over the panels it computed: per row, per lane, the largest value
 // seen and the first column it appeared at (a strict > keeps the first), and whether a NaN came.
 struct LaneBest {
@@ -189,23 +208,13 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t n_
       float value = 0.0f;
       int64_t index = -1;
       for (const LaneBest& part : parts) {
-        bool nan = false;
-        for (int j = 0; j < kLanes; ++j) nan = nan || part.nan[m][j];
-        if (nan) {  // rare: the range's first NaN, scanned from the row itself
-          const int64_t c0 = part.first_panel * kLanes;
-          int64_t c = c0;
+        if (any_lane(part.nan[m])) {  // rare: the range's first NaN, scanned from the row itself
+          int64_t c = part.first_panel * kLanes;
           while (c < n_out && !std::isnan(y_p[m * n_out + c])) ++c;
           index = c;
           break;
         }
-        for (int j = 0; j < kLanes; ++j) {
-          const float v = part.value[m][j];
-          const int64_t i = part.index[m][j];
-          if (index < 0 || v > value || (v == value && i < index)) {
-            value = v;
-            index = i;
-          }
-        }
+        join_lanes(part.value[m], part.index[m], value, index);
       }
       out[m] = index;
     }
@@ -244,62 +253,27 @@ struct Best {
 Best scan(const float* row, int64_t first, int64_t last) {
   Best best{-std::numeric_limits<float>::infinity(), -1, -1};
   int64_t c = first;
-#if defined(__AVX512F__)
-  if (last - c >= 16) {
-    __m512 vmax = _mm512_loadu_ps(row + c);
-    __m512i vidx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c)),
-                                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    __mmask16 nan = _mm512_cmp_ps_mask(vmax, vmax, _CMP_UNORD_Q);
-    const __m512i step = _mm512_set1_epi32(16);
-    __m512i cur = vidx;
-    for (c += 16; c + 16 <= last; c += 16) {
-      cur = _mm512_add_epi32(cur, step);
-      const __m512 x = _mm512_loadu_ps(row + c);
-      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-      const __mmask16 more = _mm512_cmp_ps_mask(x, vmax, _CMP_GT_OQ);  // strict: a lane keeps its first
-      vmax = _mm512_mask_mov_ps(vmax, more, x);
-      vidx = _mm512_mask_mov_epi32(vidx, more, cur);
+  if (last - c >= kLanes) {
+    vec vmax;
+    std::memcpy(&vmax, row + c, sizeof(vec));
+    ivec lane;
+    for (int j = 0; j < kLanes; ++j) lane[j] = static_cast<int32_t>(c + j);
+    ivec vidx = lane, nan = vmax != vmax;
+    for (c += kLanes; c + kLanes <= last; c += kLanes) {
+      lane += static_cast<int32_t>(kLanes);
+      vec x;
+      std::memcpy(&x, row + c, sizeof(vec));
+      nan |= x != x;
+      const ivec more = x > vmax;  // strict: a lane keeps its first
+      vmax = more ? x : vmax;
+      vidx = more ? lane : vidx;
     }
-    if (nan) {
+    if (any_lane(nan)) {
       c = first;  // rare: the scalar loop below finds the first NaN
     } else {
-      alignas(64) float vals[16];
-      alignas(64) int32_t idxs[16];
-      _mm512_store_ps(vals, vmax);
-      _mm512_store_si512(reinterpret_cast<__m512i*>(idxs), vidx);
-      for (int j = 0; j < 16; ++j)
-        if (best.index < 0 || vals[j] > best.value || (vals[j] == best.value && idxs[j] < best.index))
-          best = {vals[j], idxs[j], -1};
+      join_lanes(vmax, vidx, best.value, best.index);
     }
   }
-#elif defined(__AVX2__)
-  if (last - c >= 8) {
-    __m256 vmax = _mm256_loadu_ps(row + c);
-    __m256i cur = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i vidx = cur;
-    __m256 nan = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
-    const __m256i step = _mm256_set1_epi32(8);
-    for (c += 8; c + 8 <= last; c += 8) {
-      cur = _mm256_add_epi32(cur, step);
-      const __m256 x = _mm256_loadu_ps(row + c);
-      nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-      const __m256 more = _mm256_cmp_ps(x, vmax, _CMP_GT_OQ);
-      vmax = _mm256_blendv_ps(vmax, x, more);
-      vidx = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), more));
-    }
-    if (_mm256_movemask_ps(nan)) {
-      c = first;
-    } else {
-      alignas(32) float vals[8];
-      alignas(32) int32_t idxs[8];
-      _mm256_store_ps(vals, vmax);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(idxs), vidx);
-      for (int j = 0; j < 8; ++j)
-        if (best.index < 0 || vals[j] > best.value || (vals[j] == best.value && idxs[j] < best.index))
-          best = {vals[j], idxs[j], -1};
-    }
-  }
-#endif
   for (; c < last; ++c) {
     const float x = row[c];
     if (std::isnan(x)) return {x, c, c};
