@@ -167,7 +167,7 @@ class EagleDrafter(Drafter):
         CPU from one ``topk`` of ``k + 1`` places and a sort of ``k`` on the host: where a row's
         ``k``-th and ``k + 1``-th values tie (``topk`` may pick either), a row has fewer than ``k``
         finite entries or a NaN, the call takes :meth:`expand_top`'s exact selection instead."""
-        rows = self._draft_rows(tree, torch.as_tensor(nodes, dtype=torch.long))
+        rows = self._draft_rows(tree, [int(n) for n in nodes])
         k = min(int(k), self.vocab_size)
         if self._increasing and rows.device.type == "cpu" and 0 < k < rows.shape[1]:
             top = torch.topk(rows, k + 1, dim=-1, sorted=True)
@@ -177,7 +177,7 @@ class EagleDrafter(Drafter):
         values, tokens, _ = self._top(rows, k)
         return list(zip(values.tolist(), tokens.tolist()))
 
-    def _draft_rows(self, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+    def _draft_rows(self, tree: DraftTree, nodes: torch.Tensor | list[int]) -> torch.Tensor:
         """Draft-vocabulary log-probs ``[len(nodes), V_draft]`` (one head forward per missing layer)."""
         with torch.inference_mode():
             steps = self._expand_steps(tree, nodes)
@@ -213,14 +213,14 @@ class EagleDrafter(Drafter):
         return [call.drafter.head.to_target(rows) if call.k is None else call.drafter._top(rows, call.k)
                 for call, rows in zip(calls, answers)]
 
-    def _expand_steps(self, tree: DraftTree, nodes: torch.Tensor) -> Generator["_HeadJob", torch.Tensor, torch.Tensor]:
+    def _expand_steps(self, tree: DraftTree, nodes: torch.Tensor | list[int]) -> Generator["_HeadJob", torch.Tensor, torch.Tensor]:
         """:meth:`expand` as a generator: yields each head forward it needs (a :class:`_HeadJob`),
         is sent the forward's hidden rows ``[q, H]``, returns the log-probs."""
         if 0 not in self.logp_of:
             job = self._root_job()
             if job is not None:
                 self._take_root((yield job))
-        wanted = nodes.tolist()
+        wanted = nodes if isinstance(nodes, list) else nodes.tolist()
         if tree.has_host():  # a tree in host lists: its ancestors and depths without tensor ops
             lists = tree.host()
             closure = set()

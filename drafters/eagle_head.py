@@ -275,9 +275,13 @@ class EagleHead(nn.Module):
         else:
             ids = self.config.aux_layer_ids or default_aux_layer_ids(len(hidden_states) - 1)
             picked = [hidden_states[i] for i in ids]
+        if len(picked) > 1:
+            # One cat, then one gather of the rows (three gathers and their index moves cost
+            # more than concatenating a tree's few rows first).
+            picked = [torch.cat(picked, dim=-1)]
         if rows is not None:
-            picked = [h[:, rows.to(h.device)] for h in picked]
-        return picked[0] if len(picked) == 1 else torch.cat(picked, dim=-1)
+            picked = [picked[0][:, rows if rows.device == picked[0].device else rows.to(picked[0].device)]]
+        return picked[0]
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
