@@ -9,6 +9,8 @@ NaN scores are never selectable.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["pad_top", "sparse_top", "top_indices", "topk_per_row"]
@@ -115,6 +117,13 @@ def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     order = torch.sort(scores, descending=True, stable=True).indices
     order = order[torch.isfinite(scores[order])]
     return order[: max(0, int(k))]
+
+
+def top_host_indices(scores: list[float], k: int) -> list[int]:
+    """:func:`top_indices` over a host list (a policy growing its tree on the host): indices of
+    the ``k`` largest finite ``scores``, best first, ties to the lower index."""
+    finite = [i for i, score in enumerate(scores) if math.isfinite(score)]
+    return sorted(finite, key=lambda i: -scores[i])[: max(0, int(k))]
 
 
 def pad_top(values: list[float], tokens: list[int], k: int, vocab: int) -> tuple[list[float], list[int]]:

@@ -93,10 +93,11 @@ class DraftTree:
         the CPU fast path of a policy that grows its tree on the host, where a dozen tensor ops
         per layer cost more than the drafting. :meth:`host` returns the lists for free, so a
         drafter or the engine reads none of them back. ``logp`` must hold float32 values (the
-        tree's dtype), so the lists are the tensors' exact copy; the lists are not copied, so
-        the caller must not change them afterwards. ``origin``: each node's index in the tree it
-        was cut from (:meth:`select`'s record; None: the tree was never re-indexed)."""
-        return _ListTree(HostLists(tokens, parents, depths, logp, ranks), torch.device(device or "cpu"), origin)
+        tree's dtype), so the lists are the tensors' exact copy. The tree keeps copies: a policy
+        goes on appending to its lists. ``origin``: each node's index in the tree it was cut from
+        (:meth:`select`'s record; None: the tree was never re-indexed)."""
+        lists = HostLists(list(tokens), list(parents), list(depths), list(logp), list(ranks))
+        return _ListTree(lists, torch.device(device or "cpu"), origin)
 
     def host(self) -> "HostLists":
         """The tree's per-node values as host lists: free for a tree built by :meth:`from_lists`,
@@ -430,6 +431,23 @@ class _ListTree(DraftTree):
     def has_host(self) -> bool:
         """Whether the tree holds its host lists."""
         return "_lists" in self.__dict__
+
+    def _check_shapes(self, budget: int | None) -> None:
+        """:meth:`DraftTree._check_shapes` on the lists while the tree holds them (its tensors
+        not made): the same invariants, the same messages."""
+        lists = self.__dict__.get("_lists")
+        if lists is None:
+            return super()._check_shapes(budget)
+        n = len(lists.tokens)
+        if n == 0:
+            raise InvalidTreeError("tree is empty: it must contain at least the root")
+        for name in _NODE_FIELDS:
+            if len(getattr(lists, name)) != n:
+                raise InvalidTreeError(f"{name} has shape ({len(getattr(lists, name))},), expected ({n},) like tokens")
+        if self.origin is not None and tuple(self.origin.shape) != (n,):
+            raise InvalidTreeError(f"origin has shape {tuple(self.origin.shape)}, expected ({n},) like tokens")
+        if budget is not None and n > budget:
+            raise InvalidTreeError(f"tree has {n} nodes, over the budget of {budget} (root included)")
 
 
 _LIST_FIELDS = frozenset(("tokens", "parents", "depths", "logp", "ranks"))

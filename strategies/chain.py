@@ -178,7 +178,7 @@ def grow_on_host(session: DraftSession, growth: Growth, gamma: int, threshold: f
         depths.append(node + 1)
         logp.append(as_float32(cumulative))
         ranks.append(rank)
-        tree = DraftTree.from_lists(tokens[:], parents[:], depths[:], logp[:], ranks[:], session.device)
+        tree = DraftTree.from_lists(tokens, parents, depths, logp, ranks, session.device)
         # exp in the values' dtype, as the tensor loop's threshold test reads it.
         unsure = threshold is not None and float(torch.tensor(value, dtype=dtype).exp()) < threshold
         if growth.stop(tree, [node + 1], last=unsure or i + 1 == gamma):

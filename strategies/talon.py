@@ -23,7 +23,7 @@ from specframe.building import append_children, child_scores
 from specframe.interfaces import DraftSession, StepStats
 from specframe.options import require
 from specframe.search_space import tunable
-from specframe.selection import top_indices
+from specframe.selection import top_host_indices, top_indices
 from specframe.sizing import AUTO, AutoBudgetOptions, AutoSizedPolicy, AutoSizer, Growth, MuBandit
 from specframe.tree import DraftTree, as_float32
 
@@ -143,7 +143,7 @@ def grow_on_host(session: DraftSession, growth: Growth, n_max: int, top_k: int, 
         if depth >= init_layers:
             gate = math.nan if any(c != c for c in cand) else max(cand) + log_mu  # torch's max keeps a NaN
             cand = [c if c >= gate else -math.inf for c in cand]
-        chosen = sorted(sorted((i for i, c in enumerate(cand) if math.isfinite(c)), key=lambda i: -cand[i])[:keep_at_most])
+        chosen = sorted(top_host_indices(cand, keep_at_most))
         if not chosen:
             break  # the drafter offered no finite candidate
         first = len(tokens)
@@ -157,7 +157,7 @@ def grow_on_host(session: DraftSession, growth: Growth, n_max: int, top_k: int, 
             ranks.append(rows[row][2][j])
             scores.append(cand[flat])
         frontier = list(range(first, len(tokens)))
-        tree = DraftTree.from_lists(tokens[:], parents[:], depths[:], logp[:], ranks[:], session.device)
+        tree = DraftTree.from_lists(tokens, parents, depths, logp, ranks, session.device)
         depth += 1
         if growth.stop(tree, frontier, last=len(tokens) >= n_max):
             break

@@ -91,6 +91,12 @@ def _add(tree, parents, tokens):
     return tree.add_nodes(torch.tensor(parents), torch.tensor(tokens), torch.zeros(len(tokens)))
 
 
+def _listed(root, parents, tokens, logp=None, depths=None):
+    """A tree in host lists: ``root``'s token, then nodes under ``parents`` (depth 1 unless given)."""
+    return specframe.DraftTree.from_lists([int(root.tokens[0]), *tokens], [-1, *parents], [0, *(depths or [1] * len(tokens))],
+                                          [0.0, *(logp or [0.0] * len(tokens))], [-1, *range(len(tokens))])
+
+
 @pytest.mark.parametrize(
     "make_tree, message",
     [
@@ -100,6 +106,14 @@ def _add(tree, parents, tokens):
          "non-finite draft log-prob"),
         (lambda t: specframe.DraftTree.root(int(t.tokens[0]) + 1), "root token"),
         (lambda t: replace(_add(t, [0], [3]), ranks=torch.zeros(1, dtype=torch.long)),
+         r"ranks has shape \(1,\), expected \(2,\)"),
+        # The same breaks in a tree held in host lists (the CPU policies' trees), checked on its lists.
+        (lambda t: _listed(t, [0] * 5, [2, 3, 4, 5, 6]), "6 nodes, over the budget of 4"),
+        (lambda t: _listed(t, [0, 0], [7, 7]), "siblings must have distinct tokens"),
+        (lambda t: _listed(t, [0], [3], logp=[float("nan")]), "non-finite draft log-prob"),
+        (lambda t: _listed(t, [2, 0], [3, 4], depths=[1, 1]), "topological order violated at node 1"),
+        (lambda t: specframe.DraftTree.from_lists([int(t.tokens[0]) + 1], [-1], [0], [0.0], [-1]), "root token"),
+        (lambda t: specframe.DraftTree.from_lists([int(t.tokens[0]), 3], [-1, 0], [0, 1], [0.0, 0.0], [-1]),
          r"ranks has shape \(1,\), expected \(2,\)"),
     ],
 )

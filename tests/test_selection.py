@@ -42,3 +42,15 @@ def test_a_sparse_row_of_a_large_vocabulary_fills_with_the_lowest_neginf_ids():
     values, tokens, _ = specframe.topk_per_row(row, 6)
     assert tokens.tolist() == [[40000, 3, 7, 0, 1, 2]]
     assert values[0, :3].tolist() == [row[0, 40000].item(), -2.0, -2.0] and torch.isneginf(values[0, 3:]).all()
+
+
+@given(scores=st.lists(st.sampled_from([0.0, -1.0, -2.5, 3.0, -math.inf, math.inf, math.nan]) | st.floats(-5, 5),
+                       max_size=40),
+       k=st.integers(0, 45))
+def test_host_top_indices_are_top_indices(scores, k):
+    """The host twin a policy growing its tree in lists uses: the same indices, ties to the lower
+    index, non-finite scores never returned."""
+    from specframe.selection import top_host_indices, top_indices
+
+    expected = top_indices(torch.tensor(scores, dtype=torch.float64), k).tolist()
+    assert top_host_indices(scores, k) == expected

@@ -53,20 +53,12 @@ def tree_flag(policy: str, tree: DraftTree, root: int, limit: int, strict: bool)
     """
     if strict:
         reject_tree(policy, tree, root, limit)
-    if tree.has_host():  # a tree still in host lists: checked there, no tensor op
-        host = tree.host()
-        n = len(host.tokens)
-        problem = next((f"{name} has {len(getattr(host, name))} entries, expected {n} like tokens"
-                        for name in ("parents", "depths", "logp", "ranks") if len(getattr(host, name)) != n), "")
-        problem = problem or ("tree is empty: it must contain at least the root" if n == 0 else "")
-        problem = problem or (f"tree has {n} nodes, over the budget of {limit} (root included)" if n > limit else "")
-        if problem:
-            raise EngineError(f"policy {policy!r} returned an invalid tree: {problem}")
-        return all(map(math.isfinite, host.logp))
     try:
         tree._check_shapes(limit)
     except InvalidTreeError as err:
         raise EngineError(f"policy {policy!r} returned an invalid tree: {err}") from err
+    if tree.has_host():  # a tree still in host lists: its flag from them, no tensor op
+        return all(map(math.isfinite, tree.host().logp))
     return torch.isfinite(tree.logp).all()
 
 

@@ -25,8 +25,8 @@ from specframe.decode.clock import StepClock
 from specframe.decode.kv_single import SingleKV
 from specframe.decode.output import (SHARED_FIELDS, GenerationOutput, Row, StepView,  # noqa: F401 (re-exported)
                                      cut_output, negative_log_likelihood, row_share)
-from specframe.decode.read import (StepRead, pack_step, packed_size, read_host_verdict, unpack_host_step,
-                                   unpack_step)
+from specframe.decode.read import (StepRead, pack_step, packed_size, read_host_verdict, sends_lists,
+                                   unpack_host_step, unpack_step)
 from specframe.decode.side_rows import SideStep
 from specframe.models.target import TargetModel
 from specframe.tree import DraftTree
@@ -388,7 +388,7 @@ class SpecDecoder:
             if b in batched:
                 continue
             # A tree in host lists whose verifier decides on the host: its rows ride in the read.
-            verdict_rows = verifier.verdict_rows(tree, row_logits) if isinstance(ok, bool) and tree.has_host() else None
+            verdict_rows = verifier.verdict_rows(tree, row_logits) if sends_lists(tree, ok) else None
             if verdict_rows is not None:
                 on_host.add(b)
                 flat_rows = verdict_rows.dim() == 1 and verdict_rows.dtype == torch.long
@@ -415,7 +415,7 @@ class SpecDecoder:
             if b in batched:
                 reads.append(root_read(next(roots), tree.device))
                 continue
-            host = tree.has_host() and isinstance(flags[b], bool)
+            host = sends_lists(tree, flags[b])
             size = len(tree) if b in on_host else packed_size(len(tree), host)
             try:
                 if b in on_host:

@@ -59,26 +59,23 @@ def packed_size(n: int, host: bool = False) -> int:
     return 2 if host else 3 + 4 * n
 
 
+def sends_lists(tree: DraftTree, ok: torch.Tensor | bool) -> bool:
+    """Whether the step's record of ``tree`` leaves the tree out: a tree held in host lists
+    (:meth:`DraftTree.has_host`) whose flag was decided on the host (``ok`` a plain bool)."""
+    return isinstance(ok, bool) and tree.has_host()
+
+
 def pack_step(tree: DraftTree, last: torch.Tensor, bonus: torch.Tensor, ok: torch.Tensor | bool) -> list[torch.Tensor]:
     """The step's record as the pieces of one ``cat`` (:func:`packed_size` ints in all): the
     caller concatenates the pieces of every row (and anything else the step reads) once and
     reads them in one transfer; :func:`unpack_step` parses each row's slice. ``ok`` is the
     device part of the tree's validity (its log-probs are finite). A tree held in host lists
-    (:meth:`DraftTree.has_host`) sends the verdict alone: the host has the rest
+    (:func:`sends_lists`) sends the verdict alone: the host has the rest
     (:func:`unpack_host_step`)."""
-    if tree.has_host() and isinstance(ok, bool):
+    if sends_lists(tree, ok):
         return [torch.stack((bonus, last))]
     # stack and cat promote the flag and any integer dtype to one integer dtype: no casts.
-    return [torch.stack((torch.as_tensor(ok, device=tree.device), bonus, last)), tree.parents, tree.tokens,
-            tree.ranks, tree.depths]
-
-
-def unpack_host_step(tree: DraftTree, ok: bool, packed: list[int], root: int | None = None) -> StepRead:
-    """:func:`unpack_step` for a tree held in host lists: ``packed`` is its two-int record
-    (bonus, last node) and the tree's values come from its lists."""
-    host = tree.host()
-    record = [int(ok), packed[0], packed[1], *host.parents, *host.tokens, *host.ranks, *host.depths]
-    return unpack_step(len(host.tokens), record, tree.device, root)
+    return [torch.stack((ok, bonus, last)), tree.parents, tree.tokens, tree.ranks, tree.depths]
 
 
 def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int | None = None) -> StepRead:
@@ -91,15 +88,57 @@ def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int
     parents = packed[3 : 3 + n]
     tokens = packed[3 + n : 3 + 2 * n]
     depths = packed[3 + 3 * n : 3 + 4 * n]
-    problem = "" if packed[0] else "a node has a non-finite draft log-prob"
-    problem = problem or tree_problem(parents, tokens, depths, root)
+    problem = _problem(bool(packed[0]), parents, tokens, depths, root)
     if problem:
-        return StepRead(ok=False, path=torch.zeros(0, dtype=torch.long), tokens=[], ranks=[], widths=[],
-                        contiguous=False, children=-1, problem=problem)
-    last = packed[2]
+        return _broken(problem)
+    return _derived(parents, tokens, packed[3 + 2 * n : 3 + 3 * n], depths, packed[2], packed[1], device)
+
+
+def unpack_host_step(tree: DraftTree, ok: bool, packed: list[int], root: int | None = None) -> StepRead:
+    """:func:`unpack_step` for a tree held in host lists: ``packed`` is its two-int record
+    (bonus, last node) and the tree's values come from its lists."""
+    host = tree.host()
+    problem = _problem(ok, host.parents, host.tokens, host.depths, root)
+    if problem:
+        return _broken(problem)
+    return _derived(host.parents, host.tokens, host.ranks, host.depths, packed[1], packed[0], tree.device)
+
+
+def read_host_verdict(verifier: Any, tree: DraftTree, ok: bool, rows: list[int], root: int | None,
+                      vocab_size: int) -> StepRead:
+    """The :class:`StepRead` of a tree held in host lists whose verifier decides on the host
+    (``verdict_rows`` / ``verify_host``): the tree is checked first (a broken one gives
+    ``ok=False`` and ``verify_host`` never sees it), then the verdict. Raises ValueError when
+    the verdict names no node of the tree or a token outside the vocabulary."""
+    host = tree.host()
+    problem = _problem(ok, host.parents, host.tokens, host.depths, root)
+    if problem:
+        return _broken(problem)
+    last, bonus = verifier.verify_host(host, rows)
+    n = len(host.tokens)
+    if not (0 <= last < n and 0 <= bonus < vocab_size):
+        raise ValueError(f"returned node {last} of a {n}-node tree and bonus token {bonus} "
+                         f"of a {vocab_size}-token vocabulary")
+    return _derived(host.parents, host.tokens, host.ranks, host.depths, last, bonus, tree.device)
+
+
+def _problem(ok: bool, parents: list[int], tokens: list[int], depths: list[int], root: int | None) -> str:
+    """The first broken invariant of a tree read on the host ("" when none): its flag first."""
+    return tree_problem(parents, tokens, depths, root) if ok else "a node has a non-finite draft log-prob"
+
+
+def _broken(problem: str) -> StepRead:
+    return StepRead(ok=False, path=torch.zeros(0, dtype=torch.long), tokens=[], ranks=[], widths=[],
+                    contiguous=False, children=-1, problem=problem)
+
+
+def _derived(parents: list[int], tokens: list[int], ranks: list[int], depths: list[int], last: int, bonus: int,
+             device: torch.device | str) -> StepRead:
+    """The accepted path, its tokens and ranks, the widths and the children of a checked tree's
+    verdict ``(last, bonus)``. Raises ValueError when ``last`` is not one of its nodes."""
+    n = len(parents)
     if not 0 <= last < n:
         raise ValueError(f"returned node {last} of a {n}-node tree")
-    ranks = packed[3 + 2 * n : 3 + 3 * n]
     path = [last]
     node = last
     while node > 0:
@@ -110,28 +149,9 @@ def unpack_step(n: int, packed: list[int], device: torch.device | str, root: int
     for node in path[1:]:
         accepted_tokens.append(tokens[node])
         accepted_ranks.append(ranks[node])
-    accepted_tokens.append(packed[1])
+    accepted_tokens.append(bonus)
     widths = [0] * (max(depths) + 1)
     for d in depths:
         widths[d] += 1
     return StepRead(ok=True, path=torch.tensor(path, device=device), tokens=accepted_tokens, ranks=accepted_ranks,
                     widths=widths, contiguous=path == list(range(len(path))), children=parents.count(last))
-
-
-def read_host_verdict(verifier: Any, tree: DraftTree, ok: bool, rows: list[int], root: int | None,
-                      vocab_size: int) -> StepRead:
-    """The :class:`StepRead` of a tree held in host lists whose verifier decides on the host
-    (``verdict_rows`` / ``verify_host``): the tree is checked first (a broken one gives
-    ``ok=False`` and ``verify_host`` never sees it), then the verdict. Raises ValueError when
-    the verdict names no node of the tree or a token outside the vocabulary."""
-    host = tree.host()
-    n = len(host.tokens)
-    problem = "" if ok else "a node has a non-finite draft log-prob"
-    problem = problem or tree_problem(host.parents, host.tokens, host.depths, root)
-    if problem:
-        return unpack_host_step(tree, False, [0, 0], root)
-    last, bonus = verifier.verify_host(host, rows)
-    if not (0 <= last < n and 0 <= bonus < vocab_size):
-        raise ValueError(f"returned node {last} of a {n}-node tree and bonus token {bonus} "
-                         f"of a {vocab_size}-token vocabulary")
-    return unpack_host_step(tree, True, [bonus, last], root)

@@ -92,7 +92,7 @@ def subtree(tree: DraftTree, keep: list[int], parents: list[int]) -> DraftTree:
     (a plain step, a layer-wise tree cut after its best nodes) is a slice of every field."""
     if tree.has_host() and tree.origin is None:  # lists in, lists out: the kept indices are the origins
         lists = tree.host()
-        return DraftTree.from_lists([lists.tokens[i] for i in keep], list(parents), [lists.depths[i] for i in keep],
+        return DraftTree.from_lists([lists.tokens[i] for i in keep], parents, [lists.depths[i] for i in keep],
                                     [lists.logp[i] for i in keep], [lists.ranks[i] for i in keep], tree.device,
                                     origin=None if keep[-1] == len(keep) - 1 else list(keep))
     if keep[-1] == len(keep) - 1:
