@@ -235,22 +235,25 @@ class DraftSession:
         values' dtype: for a policy that grows its tree on the host (the CPU). A drafter that
         drafts on the host answers through its ``top_lists(tree, nodes, k)`` (ranked float32
         ``(values, token_ids)`` per node, ranks 0..k-1) without making tensors; any other's
-        ``expand_top`` is read back. One draft forward either way."""
+        ``expand_top`` is read back, as is the answer of a session that answers ``expand_top``
+        its own way (the lockstep session batches it with the other rows'). One draft forward
+        either way."""
         own = getattr(self.drafter, "top_lists", None)
-        if own is None:
+        if own is None or type(self).expand_top is not DraftSession.expand_top:
             values, tokens, ranks = self.expand_top(tree, nodes, k)
             return list(zip(values.tolist(), tokens.tolist(), ranks.tolist())), values.dtype
-        start = time.perf_counter()
-        rows = own(tree, nodes, k)
-        self.draft_time += time.perf_counter() - start
-        self.draft_forwards += 1
+        rows = self._timed(own, tree, nodes, k)
         return [(values, tokens, list(range(len(tokens)))) for values, tokens in rows], torch.float32
 
     def _forward(self, call: Any, tree: DraftTree, nodes: torch.Tensor | list[int], *args: Any) -> Any:
-        """``call(tree, nodes, *args)``, timed and counted as one draft forward."""
-        nodes = torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
+        """``call(tree, nodes, *args)`` with ``nodes`` as a long tensor on the tree's device,
+        timed and counted as one draft forward."""
+        return self._timed(call, tree, torch.as_tensor(nodes, dtype=torch.long, device=tree.device), *args)
+
+    def _timed(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, timed and counted as one draft forward."""
         start = time.perf_counter()
-        out = call(tree, nodes, *args)
+        out = call(*args)
         self.draft_time += time.perf_counter() - start
         self.draft_forwards += 1
         return out

@@ -199,13 +199,6 @@ class LockstepSession(DraftSession):
         """The top ``k`` children of each of ``nodes`` (see :meth:`DraftSession.expand_top`)."""
         return self.build.post(DraftCall(self.drafter, tree, _as_nodes(tree, nodes), int(k)))
 
-    def expand_top_lists(self, tree: DraftTree, nodes: list[int],
-                         k: int) -> tuple[list[tuple[list[float], list[int], list[int]]], torch.dtype]:
-        """:meth:`DraftSession.expand_top_lists` through the batched :meth:`expand_top`, so the
-        call is answered with the other rows' (a drafter's own ``top_lists`` would not be)."""
-        values, tokens, ranks = self.expand_top(tree, nodes, k)
-        return list(zip(values.tolist(), tokens.tolist(), ranks.tolist())), values.dtype
-
 
 def _as_nodes(tree: DraftTree, nodes: torch.Tensor | list[int]) -> torch.Tensor:
     return torch.as_tensor(nodes, dtype=torch.long, device=tree.device)
