@@ -92,6 +92,7 @@ class EagleDrafter(Drafter):
                 use_linears(head, "bf16")
         self.head: EagleHead = head.eval()
         self.device = target.device
+        self._band = _CausalBand(self.device)
         self.begin(torch.zeros(1, dtype=torch.long))
 
     def shared_options(self) -> EagleOptions:
@@ -132,8 +133,10 @@ class EagleDrafter(Drafter):
         self.pending_tokens = torch.cat([self.pending_tokens, tokens]) if len(self.pending_tokens) else tokens
 
     def _new_step(self) -> None:
-        self.out_of: dict[int, torch.Tensor] = {}   # tree node -> head output feature
-        self.logp_of: dict[int, torch.Tensor] = {}  # tree node -> draft-vocab log-probs
+        # Rows are kept as [1, ...] views of their forward's output: one row wanted (the root's,
+        # most steps) is handed on as it is, several are one cat (each op counts after a forward).
+        self.out_of: dict[int, torch.Tensor] = {}   # tree node -> head output feature [1, H]
+        self.logp_of: dict[int, torch.Tensor] = {}  # tree node -> draft-vocab log-probs [1, V_draft]
         self.slots: list[int] = []                  # tree nodes in cache order after the committed pairs
 
     # ------------------------------------------------------------------ drafting
@@ -238,13 +241,13 @@ class EagleDrafter(Drafter):
             job = self._nodes_job(tree, todo)
             if job is not None:
                 self._take_nodes(todo, (yield job))
-        return torch.stack([self.logp_of[n] for n in wanted])
+        return self.logp_of[wanted[0]] if len(wanted) == 1 else torch.cat([self.logp_of[n] for n in wanted])
 
     def _uniform(self) -> torch.Tensor:
         cfg = self.head.config
         logp = torch.full((1, cfg.draft_vocab_size), -math.log(cfg.draft_vocab_size),
                           dtype=torch.promote_types(self.pending_feats.dtype, torch.float32), device=self.device)
-        return self.head.draft_logp(logp)[0]
+        return self.head.draft_logp(logp)
 
     def _root_job(self) -> "_HeadJob | None":
         """The forward of the queued committed pairs, whose last one (f_{L-2}, root) drafts the
@@ -254,17 +257,14 @@ class EagleDrafter(Drafter):
             # A one-token prompt: the target has produced no feature yet, so nothing to draft from.
             self.logp_of[0] = self._uniform()
             return None
-        start = self.cached
-        positions = torch.arange(start, start + p, device=self.device)
-        # The whole committed cache, then causal among the new pairs: j <= start + i.
-        mask = torch.ones(p, start + p, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        positions, mask = self._band.causal(self.cached, p)
         return _HeadJob(self.pending_tokens, self.pending_feats, positions, mask, from_target=True)
 
     def _take_root(self, hidden: torch.Tensor) -> None:
         self.cached += len(self.pending_tokens)
         self.pending_feats, self.pending_tokens = self._no_feats, self._no_tokens
-        self.out_of[0] = hidden[-1]
-        self.logp_of[0] = self.head.draft_logp(self.head.logits(hidden[-1:]))[0]
+        self.out_of[0] = last = hidden[-1:]
+        self.logp_of[0] = self.head.draft_logp(self.head.logits(last))
 
     def _nodes_job(self, tree: DraftTree, todo: list[int]) -> "_HeadJob | None":
         """One batched forward of tree nodes whose parents have head outputs (None: no
@@ -280,7 +280,7 @@ class EagleDrafter(Drafter):
         missing = [p for p in parents if p not in self.out_of]
         if missing:
             raise RuntimeError(f"EAGLE drafter: node {missing[0]}'s parent was never expanded")
-        feats = torch.stack([self.out_of[p] for p in parents])
+        feats = torch.cat([self.out_of[p] for p in parents])
         positions = (self.cached - 1 + tree.depths[idx]).to(self.device)
         anc = tree.ancestor_mask()[idx].to(self.device)
         q, s = len(todo), len(self.slots)
@@ -308,14 +308,14 @@ class EagleDrafter(Drafter):
         mask = torch.ones(len(todo), self.cached + len(columns), dtype=torch.bool, device=self.device)
         mask[:, self.cached :] = torch.tensor(rows, dtype=torch.bool, device=self.device)
         return _HeadJob(torch.tensor([lists.tokens[i] for i in todo], dtype=torch.long, device=self.device),
-                        torch.stack([self.out_of[p] for p in parents]),
+                        torch.cat([self.out_of[p] for p in parents]),
                         torch.tensor([self.cached - 1 + lists.depths[i] for i in todo], device=self.device),
                         mask, from_target=False)
 
     def _take_nodes(self, todo: list[int], hidden: torch.Tensor) -> None:
         logp = self.head.draft_logp(self.head.logits(hidden))
-        # One unbind each: an index per node is a tensor op per node.
-        for node, out, row in zip(todo, hidden.unbind(0), logp.unbind(0)):
+        # One split each: an index per node is a tensor op per node.
+        for node, out, row in zip(todo, hidden.split(1), logp.split(1)):
             self.out_of[node] = out
             self.logp_of[node] = row
         self.slots += todo
@@ -339,7 +339,7 @@ class EagleDrafter(Drafter):
         The accepted path (root first) and the emitted tokens (accepted + bonus) give pairs
         (f_root, t_1), (f_{a_1}, t_2), ..., (f_{a_k}, bonus): exactly the next committed pairs.
         """
-        if self.kv is not None:
+        if self.kv is not None and self.slots:  # tree nodes were forwarded: their rows go
             self.kv = [(k[:, :, : self.cached], v[:, :, : self.cached]) for k, v in self.kv]
         if target_hidden is not None and path is not None:
             self._queue(self.head.features(target_hidden, path if path.dtype == torch.long else path.long())[0], tokens)
@@ -359,6 +359,35 @@ def _host_top(values: list[list[float]], index: list[list[int]], k: int,
         order = sorted(range(k), key=lambda j: (-vals[j], idx[j]))
         out.append(([vals[j] for j in order], [idx[j] if ids is None else ids[idx[j]] for j in order]))
     return out
+
+
+class _CausalBand:
+    """Inputs of a head forward of ``p`` new pairs behind ``start`` cached ones: positions
+    ``start .. start + p - 1`` and the mask ``[p, start + p]`` (``j <= start + i``: the whole cache,
+    then causal), as views of two buffers grown on demand. Building them took three tensor ops on
+    every step's root forward, each of which costs tens of microseconds after a target forward."""
+
+    ROWS = 16  # the most new pairs served from the buffers (a step queues its accepted path + 1)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.width = device, -1
+        self.positions = self.band = torch.zeros(0, device=device)
+
+    def causal(self, start: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positions, mask)`` of ``p`` new pairs after ``start`` cached ones."""
+        if p > self.ROWS:  # a prompt's pairs: once a generation
+            return (torch.arange(start, start + p, device=self.device),
+                    torch.ones(p, start + p, dtype=torch.bool, device=self.device).tril(diagonal=start))
+        if start > self.width:
+            self._grow(max(2 * start, 256))
+        w = self.width
+        return self.positions[start : start + p], self.band[:p, w - start : w + p]
+
+    def _grow(self, width: int) -> None:
+        # band[i, c] = c <= width + i, so columns width - start .. width + p - 1 hold j <= start + i.
+        self.width = width
+        self.positions = torch.arange(width + self.ROWS, device=self.device)
+        self.band = torch.ones(self.ROWS, width + self.ROWS, dtype=torch.bool, device=self.device).tril(diagonal=width)
 
 
 @dataclass

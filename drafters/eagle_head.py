@@ -280,7 +280,9 @@ class EagleHead(nn.Module):
             # more than concatenating a tree's few rows first).
             picked = [torch.cat(picked, dim=-1)]
         if rows is not None:
-            picked = [picked[0][:, rows if rows.device == picked[0].device else rows.to(picked[0].device)]]
+            # index_select: advanced indexing ([:, rows]) cost 60-80 us more after a target forward.
+            picked = [torch.index_select(picked[0], 1, rows if rows.device == picked[0].device
+                                         else rows.to(picked[0].device))]
         return picked[0]
 
     # ------------------------------------------------------------------ forward
