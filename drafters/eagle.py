@@ -120,7 +120,6 @@ class EagleDrafter(Drafter):
         self._id_list = None if ids is None else ids.tolist()
         self._new_step()
 
-    @torch.inference_mode()
     def _queue(self, feats: torch.Tensor, tokens: torch.Tensor) -> None:
         n = min(len(feats), len(tokens))
         feats, tokens = feats if n == len(feats) else feats[:n], tokens if n == len(tokens) else tokens[:n]

@@ -97,7 +97,7 @@ class DraftTree:
         goes on appending to its lists. ``origin``: each node's index in the tree it was cut from
         (:meth:`select`'s record; None: the tree was never re-indexed)."""
         lists = HostLists(list(tokens), list(parents), list(depths), list(logp), list(ranks))
-        return _ListTree(lists, torch.device(device or "cpu"), origin)
+        return _ListTree(lists, device if isinstance(device, torch.device) else torch.device(device or "cpu"), origin)
 
     def host(self) -> "HostLists":
         """The tree's per-node values as host lists: free for a tree built by :meth:`from_lists`,

@@ -42,14 +42,16 @@ def _remembered(x: torch.Tensor) -> torch.Tensor | None:
         return None
     base, version, argmax = _LAST[0]
     cols = base.shape[-1]
-    if x.shape[-1] != cols or x.dtype != base.dtype or not x.is_contiguous() \
-            or x.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+    if x.shape[-1] != cols or x.dtype != base.dtype or not x.is_contiguous():
         return None
     if not x.is_inference() and x._version != version:  # (inference tensors keep no version)
         return None
-    offset = x.storage_offset() - base.storage_offset()
-    first, rows = offset // cols, x.numel() // cols
-    if offset % cols or first < 0 or first + rows > base.shape[0]:
+    # Whole rows inside the held logits' memory (held, so no other tensor can live there):
+    # addresses, not storages, since each storage() call builds an object (each counts after a forward).
+    row_bytes = cols * base.element_size()
+    offset = x.data_ptr() - base.data_ptr()
+    first, rows = offset // row_bytes, x.numel() // cols
+    if offset % row_bytes or first < 0 or first + rows > base.shape[0]:
         return None
     picked = argmax if first == 0 and rows == len(argmax) else argmax[first : first + rows]
     return picked if x.dim() == 2 else picked.view(x.shape[:-1])  # (each op counts after a forward)
