@@ -87,3 +87,18 @@ def test_a_node_outside_the_tree_is_named_outside_strict_mode_too():
                                       verifier=_OutOfRange(None), strict=False)
     with pytest.raises(specframe.EngineError, match=r"verifier 'out-of-range' returned node \d+ of a \d+-node tree"):
         dec.generate([5, 6, 7], max_new_tokens=4)
+
+
+@given(tree=draft_trees(max_nodes=12), pick=st.integers(0, 11))
+def test_the_read_path_is_the_walk_to_the_verdict(tree, pick):
+    from specframe.decode.read import _derived
+
+    last = pick % len(tree)
+    lists = (tree.parents.tolist(), tree.tokens.tolist(), tree.ranks.tolist(), tree.depths.tolist())
+    read = _derived(*lists, last, 0, tree.device)
+    walk, node = [], last
+    while node >= 0:  # the plain walk from the verdict to the root
+        walk.append(node)
+        node = lists[0][node]
+    assert read.path.tolist() == walk[::-1]
+    assert read.contiguous == (walk[::-1] == list(range(len(walk))))

@@ -153,5 +153,6 @@ def _derived(parents: list[int], tokens: list[int], ranks: list[int], depths: li
     widths = [0] * (max(depths) + 1)
     for d in depths:
         widths[d] += 1
+    contiguous = path[-1] == len(path) - 1  # root-first and increasing: 0..k-1 exactly when it ends at k-1
     return StepRead(ok=True, path=torch.tensor(path, device=device), tokens=accepted_tokens, ranks=accepted_ranks,
-                    widths=widths, contiguous=path == list(range(len(path))), children=parents.count(last))
+                    widths=widths, contiguous=contiguous, children=parents.count(last))
