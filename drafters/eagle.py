@@ -106,12 +106,13 @@ class EagleDrafter(Drafter):
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cached = 0  # committed pairs in the head cache (pair t sits at position t)
         width = self.head.config.feature_size
-        self.pending_feats = torch.zeros(0, width, dtype=self.head.fc.weight.dtype, device=self.device)
-        self.pending_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+        # Held [1, p, F] and [1, p]: the head's batched shape, so a root forward adds no view.
+        self.pending_feats = torch.zeros(1, 0, width, dtype=self.head.fc.weight.dtype, device=self.device)
+        self.pending_tokens = torch.zeros(1, 0, dtype=torch.long, device=self.device)
         # Emptied after each root forward: kept, not sliced anew (each op counts on a CPU step).
         self._no_feats, self._no_tokens = self.pending_feats, self.pending_tokens
         if target_hidden is not None:
-            self._queue(self.head.features(target_hidden)[0], prompt_ids[1:])
+            self._queue(self.head.features(target_hidden), prompt_ids[1:])
         # The head's vocabulary map, read once a generation: top-k over the draft vocabulary
         # keeps the target's tie rule (lower id first) only where the map is increasing.
         ids = self.head.draft_ids if self.head.maps_vocab else None  # None: the target's own ids
@@ -121,15 +122,18 @@ class EagleDrafter(Drafter):
         self._new_step()
 
     def _queue(self, feats: torch.Tensor, tokens: torch.Tensor) -> None:
-        n = min(len(feats), len(tokens))
-        feats, tokens = feats if n == len(feats) else feats[:n], tokens if n == len(tokens) else tokens[:n]
+        """Queue pairs: target features ``[1, n, F]`` and the tokens ``[n]`` that follow them."""
+        n = min(feats.shape[1], len(tokens))
+        feats = feats if n == feats.shape[1] else feats[:, :n]
+        tokens = (tokens if n == len(tokens) else tokens[:n]).reshape(1, n)
         if feats.device != self.device or feats.dtype != self.pending_feats.dtype:
             feats = feats.to(self.device, self.pending_feats.dtype)
         if tokens.device != self.device or tokens.dtype != torch.long:
             tokens = tokens.to(self.device, torch.long)
         # Usually nothing is pending (the root forward took it): the new pairs are the queue.
-        self.pending_feats = torch.cat([self.pending_feats, feats]) if len(self.pending_feats) else feats
-        self.pending_tokens = torch.cat([self.pending_tokens, tokens]) if len(self.pending_tokens) else tokens
+        pending = self.pending_tokens.shape[1]
+        self.pending_feats = torch.cat([self.pending_feats, feats], dim=1) if pending else feats
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens], dim=1) if pending else tokens
 
     def _new_step(self) -> None:
         # Rows are kept as [1, ...] views of their forward's output: one row wanted (the root's,
@@ -186,7 +190,7 @@ class EagleDrafter(Drafter):
             try:
                 job = next(steps)
                 while True:
-                    job = steps.send(self._run(job.tokens, job.feats, job.positions, job.mask, job.from_target))
+                    job = steps.send(self._run(job))
             except StopIteration as done:
                 return done.value
 
@@ -251,7 +255,7 @@ class EagleDrafter(Drafter):
     def _root_job(self) -> "_HeadJob | None":
         """The forward of the queued committed pairs, whose last one (f_{L-2}, root) drafts the
         root's children; None when there is nothing to forward (the root then drafts uniformly)."""
-        p = len(self.pending_tokens)
+        p = self.pending_tokens.shape[1]
         if p == 0:
             # A one-token prompt: the target has produced no feature yet, so nothing to draft from.
             self.logp_of[0] = self._uniform()
@@ -260,9 +264,9 @@ class EagleDrafter(Drafter):
         return _HeadJob(self.pending_tokens, self.pending_feats, positions, mask, from_target=True)
 
     def _take_root(self, hidden: torch.Tensor) -> None:
-        self.cached += len(self.pending_tokens)
+        self.cached += self.pending_tokens.shape[1]
         self.pending_feats, self.pending_tokens = self._no_feats, self._no_tokens
-        self.out_of[0] = last = hidden[-1:]
+        self.out_of[0] = last = hidden[0, -1:]
         self.logp_of[0] = self.head.draft_logp(self.head.logits(last))
 
     def _nodes_job(self, tree: DraftTree, todo: list[int]) -> "_HeadJob | None":
@@ -279,15 +283,15 @@ class EagleDrafter(Drafter):
         missing = [p for p in parents if p not in self.out_of]
         if missing:
             raise RuntimeError(f"EAGLE drafter: node {missing[0]}'s parent was never expanded")
-        feats = torch.cat([self.out_of[p] for p in parents])
-        positions = (self.cached - 1 + tree.depths[idx]).to(self.device)
+        feats = torch.stack([self.out_of[p] for p in parents], dim=1)
+        positions = (self.cached - 1 + tree.depths[idx]).to(self.device)[None]
         anc = tree.ancestor_mask()[idx].to(self.device)
         q, s = len(todo), len(self.slots)
-        mask = torch.ones(q, self.cached + s + q, dtype=torch.bool, device=self.device)
+        mask = torch.ones(1, q, self.cached + s + q, dtype=torch.bool, device=self.device)
         if s:
-            mask[:, self.cached : self.cached + s] = anc[:, torch.tensor(self.slots, device=self.device)]
-        mask[:, self.cached + s :] = anc[:, idx.to(self.device)]
-        return _HeadJob(tree.tokens[idx].to(self.device), feats, positions, mask, from_target=False)
+            mask[0, :, self.cached : self.cached + s] = anc[:, torch.tensor(self.slots, device=self.device)]
+        mask[0, :, self.cached + s :] = anc[:, idx.to(self.device)]
+        return _HeadJob(tree.tokens[idx].to(self.device)[None], feats, positions, mask, from_target=False)
 
     def _nodes_job_from_lists(self, lists: HostLists, todo: list[int]) -> "_HeadJob":
         """:meth:`_nodes_job` for a tree in host lists: the same job, its mask's tree columns
@@ -304,14 +308,15 @@ class EagleDrafter(Drafter):
                 seen.add(node)
                 node = lists.parents[node]
             rows.append([c in seen for c in columns])
-        mask = torch.ones(len(todo), self.cached + len(columns), dtype=torch.bool, device=self.device)
-        mask[:, self.cached :] = torch.tensor(rows, dtype=torch.bool, device=self.device)
-        return _HeadJob(torch.tensor([lists.tokens[i] for i in todo], dtype=torch.long, device=self.device),
-                        torch.cat([self.out_of[p] for p in parents]),
-                        torch.tensor([self.cached - 1 + lists.depths[i] for i in todo], device=self.device),
+        mask = torch.ones(1, len(todo), self.cached + len(columns), dtype=torch.bool, device=self.device)
+        mask[0, :, self.cached :] = torch.tensor(rows, dtype=torch.bool, device=self.device)
+        return _HeadJob(torch.tensor([[lists.tokens[i] for i in todo]], dtype=torch.long, device=self.device),
+                        torch.stack([self.out_of[p] for p in parents], dim=1),
+                        torch.tensor([[self.cached - 1 + lists.depths[i] for i in todo]], device=self.device),
                         mask, from_target=False)
 
     def _take_nodes(self, todo: list[int], hidden: torch.Tensor) -> None:
+        hidden = hidden[0]
         logp = self.head.draft_logp(self.head.logits(hidden))
         # One split each: an index per node is a tensor op per node.
         for node, out, row in zip(todo, hidden.split(1), logp.split(1)):
@@ -319,10 +324,10 @@ class EagleDrafter(Drafter):
             self.logp_of[node] = row
         self.slots += todo
 
-    def _run(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
-             mask: torch.Tensor, from_target: bool) -> torch.Tensor:
-        hidden, self.kv = self.head(tokens[None], feats[None], positions[None], mask[None], self.kv, from_target)
-        return hidden[0]
+    def _run(self, job: "_HeadJob") -> torch.Tensor:
+        """The head's forward of ``job`` on this row's cache; its hidden rows ``[1, q, H]``."""
+        hidden, self.kv = self.head(job.tokens, job.feats, job.positions, job.mask, self.kv, job.from_target)
+        return hidden
 
     @property
     def _cache_len(self) -> int:
@@ -341,7 +346,7 @@ class EagleDrafter(Drafter):
         if self.kv is not None and self.slots:  # tree nodes were forwarded: their rows go
             self.kv = [(k[:, :, : self.cached], v[:, :, : self.cached]) for k, v in self.kv]
         if target_hidden is not None and path is not None:
-            self._queue(self.head.features(target_hidden, path if path.dtype == torch.long else path.long())[0], tokens)
+            self._queue(self.head.features(target_hidden, path if path.dtype == torch.long else path.long()), tokens)
         self.num_committed += len(tokens)
         self._new_step()
 
@@ -362,8 +367,8 @@ def _host_top(values: list[list[float]], index: list[list[int]], k: int,
 
 class _CausalBand:
     """Inputs of a head forward of ``p`` new pairs behind ``start`` cached ones: positions
-    ``start .. start + p - 1`` and the mask ``[p, start + p]`` (``j <= start + i``: the whole cache,
-    then causal), as views of two buffers grown on demand. Building them took three tensor ops on
+    ``[1, p]`` (``start .. start + p - 1``) and the mask ``[1, p, start + p]`` (``j <= start + i``:
+    the whole cache, then causal), as views of two buffers grown on demand. Building them took three tensor ops on
     every step's root forward, each of which costs tens of microseconds after a target forward."""
 
     ROWS = 16  # the most new pairs served from the buffers (a step queues its accepted path + 1)
@@ -375,24 +380,25 @@ class _CausalBand:
     def causal(self, start: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positions, mask)`` of ``p`` new pairs after ``start`` cached ones."""
         if p > self.ROWS:  # a prompt's pairs: once a generation
-            return (torch.arange(start, start + p, device=self.device),
-                    torch.ones(p, start + p, dtype=torch.bool, device=self.device).tril(diagonal=start))
+            return (torch.arange(start, start + p, device=self.device)[None],
+                    torch.ones(1, p, start + p, dtype=torch.bool, device=self.device).tril(diagonal=start))
         if start > self.width:
             self._grow(max(2 * start, 256))
         w = self.width
-        return self.positions[start : start + p], self.band[:p, w - start : w + p]
+        return self.positions[:, start : start + p], self.band[:, :p, w - start : w + p]
 
     def _grow(self, width: int) -> None:
         # band[i, c] = c <= width + i, so columns width - start .. width + p - 1 hold j <= start + i.
         self.width = width
-        self.positions = torch.arange(width + self.ROWS, device=self.device)
-        self.band = torch.ones(self.ROWS, width + self.ROWS, dtype=torch.bool, device=self.device).tril(diagonal=width)
+        self.positions = torch.arange(width + self.ROWS, device=self.device)[None]
+        self.band = torch.ones(1, self.ROWS, width + self.ROWS, dtype=torch.bool, device=self.device).tril(diagonal=width)
 
 
 @dataclass
 class _HeadJob:
-    """One head forward of a row: pairs ``(feats[i], tokens[i])`` at ``positions``, ``mask``
-    bool ``[q, S + q]`` over the row's cache (S rows) and the new pairs."""
+    """One head forward of a row, in the head's batched shapes (so running it adds no view):
+    pairs ``(feats[0, i], tokens[0, i])`` at ``positions`` ``[1, q]``, ``mask`` bool
+    ``[1, q, S + q]`` over the row's cache (S rows) and the new pairs."""
 
     tokens: torch.Tensor
     feats: torch.Tensor
@@ -412,10 +418,10 @@ def _by_head(calls: Sequence[DraftCall], jobs: dict[int, _HeadJob]) -> list[list
 
 def _run_packed(drafters: list[EagleDrafter], jobs: list[_HeadJob]) -> list[torch.Tensor]:
     """Every row's head forward in ONE call of their shared head, each row's cache extended as
-    its own :meth:`EagleDrafter._run` extends it; returns each row's hidden rows ``[q, H]``."""
+    its own :meth:`EagleDrafter._run` extends it; returns each row's hidden rows ``[1, q, H]``."""
     if len(jobs) == 1:
-        job = jobs[0]
-        return [drafters[0]._run(job.tokens, job.feats, job.positions, job.mask, job.from_target)]
+        return [drafters[0]._run(jobs[0])]
+    jobs = [_HeadJob(j.tokens[0], j.feats[0], j.positions[0], j.mask[0], j.from_target) for j in jobs]  # one row each
     sizes = [len(job.tokens) for job in jobs]
     lengths = [d._cache_len for d in drafters]
     width, q_max, dev = max(lengths), max(sizes), drafters[0].device
@@ -432,7 +438,7 @@ def _run_packed(drafters: list[EagleDrafter], jobs: list[_HeadJob]) -> list[torc
     for b, (d, q, s) in enumerate(zip(drafters, sizes, lengths)):
         d.kv = [(torch.cat([k[b : b + 1, :, :s], k[b : b + 1, :, width : width + q]], dim=2),
                  torch.cat([v[b : b + 1, :, :s], v[b : b + 1, :, width : width + q]], dim=2)) for k, v in present]
-    return [hidden[b, :q] for b, q in enumerate(sizes)]
+    return [hidden[b : b + 1, :q] for b, q in enumerate(sizes)]
 
 
 def _stacked_kv(drafters: list[EagleDrafter], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

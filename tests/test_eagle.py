@@ -284,3 +284,14 @@ def test_train_eagle_command_writes_a_loadable_head_and_resumes(kind, tmp_path):
         assert head.config.draft_vocab_size == 30
     dec = specframe.SpecDecoder.build(target=target64, drafter=(kind, {"path": str(tmp_path / "head")}), policy="talon")
     assert dec.generate(torch.tensor([3, 4, 5]), max_new_tokens=8, eos_token_id=None).tokens == greedy_reference(target64, [3, 4, 5], 8)
+
+
+@given(start=st.integers(0, 700), p=st.integers(1, 40))
+def test_root_forward_inputs_from_the_band_are_the_plain_causal_ones(start, p):
+    from specframe.drafters.eagle import _CausalBand
+
+    band = _CausalBand(torch.device("cpu"))
+    for at in (0, start):  # a band grown earlier serves the later start too
+        positions, mask = band.causal(at, p)
+        assert torch.equal(positions, torch.arange(at, at + p)[None])
+        assert torch.equal(mask, torch.ones(p, at + p, dtype=torch.bool).tril(diagonal=at)[None])
