@@ -186,6 +186,13 @@ class EagleDrafter(Drafter):
     def _draft_rows(self, tree: DraftTree, nodes: torch.Tensor | list[int]) -> torch.Tensor:
         """Draft-vocabulary log-probs ``[len(nodes), V_draft]`` (one head forward per missing layer)."""
         with torch.inference_mode():
+            if isinstance(nodes, list) and nodes == [0] and 0 not in self.logp_of:
+                # The root's row alone (most steps' only layer): _expand_steps' walk without
+                # the generator around it.
+                job = self._root_job()
+                if job is not None:
+                    self._take_root(self._run(job))
+                return self.logp_of[0]
             steps = self._expand_steps(tree, nodes)
             try:
                 job = next(steps)
