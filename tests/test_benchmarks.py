@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmark_scripts import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,11 +47,7 @@ def test_auto_sizing_smoke_prints_the_table_and_its_checks(tmp_path):
 
 
 def test_auto_sizing_reports_the_noise_of_arms_that_did_the_same_work(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import auto_sizing
-    finally:
-        sys.path.pop(0)
+    auto_sizing = benchmark_script("auto_sizing")
 
     def write(arm: str, sizes: list[int]) -> None:
         steps = {"tree_size": sizes, "depth": [1] * len(sizes), "accepted": [0] * len(sizes)}
@@ -91,11 +89,7 @@ def test_linears_ab_runs_both_linears_interleaved_in_one_table(tmp_path):
 
 
 def test_linears_ab_resumes_at_the_questions_a_run_already_has():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import linears_ab
-    finally:
-        sys.path.pop(0)
+    linears_ab = benchmark_script("linears_ab")
     assert linears_ab.chunk_limits(0, 5, 2) == [2, 4, 5]
     assert linears_ab.chunk_limits(3, 7, 2) == [3, 5, 7]  # a run may lag at 3 after a crash
     assert linears_ab.chunk_limits(4, 4, 1) == [4]
@@ -105,11 +99,7 @@ def test_linears_ab_exact_both_runs_the_stock_forward_beside_the_exact_one():
     """``--exact both`` on a file that turns the exact forward on (examples/demo.toml does) still
     runs its unsuffixed runs with the stock forward: otherwise all four runs are exact and the
     A/B compares nothing (it once did)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import linears_ab
-    finally:
-        sys.path.pop(0)
+    linears_ab = benchmark_script("linears_ab")
     from specframe.experiments.config import load_config
 
     demo = load_config(ROOT / "examples" / "demo.toml")

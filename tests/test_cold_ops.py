@@ -1,19 +1,11 @@
 """benchmarks/cold_ops.py on the shipped tiny pair: every operation timed in all three settings,
 and the Python stand-in does what a TALON layer does (it is timed, so it must be the real work)."""
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from benchmark_scripts import benchmark_script
 
 
 def _script():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import cold_ops
-    finally:
-        sys.path.pop(0)
-    return cold_ops
+    return benchmark_script("cold_ops")
 
 
 def test_every_operation_is_timed_warm_after_a_forward_and_after_idling():

@@ -3,18 +3,11 @@ engine's fields account for each generation's wall time."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from benchmark_scripts import benchmark_script
 
 
 def test_step_overhead_table_has_every_arm_and_its_fields_add_up():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import step_overhead
-    finally:
-        sys.path.pop(0)
+    step_overhead = benchmark_script("step_overhead")
     rows, _ = step_overhead.measure_pair("tiny", prompts=1, tokens=4, threads=1, reps=2)
     names = [r["arm"] for r in rows]
     assert {"autoregressive", "hf-assisted", "hf-prompt-lookup", "chain", "eagle3+talon", "ngram+talon"} <= set(names)
