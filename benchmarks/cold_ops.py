@@ -26,17 +26,19 @@ from typing import Callable
 
 import torch
 
+from specframe.selection import top_host_indices
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_overhead import header, load_pair  # noqa: E402  (a sibling script)
 
 
 def bookkeeping(values: list[float], scores: list[float]) -> list[int]:
-    """A stand-in for a TALON layer's host work: score, gate and rank a few dozen candidates."""
+    """A stand-in for a TALON layer's host work (``strategies/talon.py``'s ``grow_on_host``):
+    score, gate and rank a few dozen candidates."""
     cand = [s + min(v, 0.0) for s in scores for v in values]
     gate = max(cand) + math.log(0.03)
     cand = [c if c >= gate else -math.inf for c in cand]
-    finite = [i for i in range(len(cand)) if cand[i] > -math.inf]
-    return sorted(sorted(finite, key=lambda i: (-cand[i], i))[:6])
+    return sorted(top_host_indices(cand, 6))
 
 
 def operations(hidden: int, vocab: int) -> dict[str, Callable[[], object]]:

@@ -228,7 +228,7 @@ class EagleDrafter(Drafter):
 
     def _expand_steps(self, tree: DraftTree, nodes: torch.Tensor | list[int]) -> Generator["_HeadJob", torch.Tensor, torch.Tensor]:
         """:meth:`expand` as a generator: yields each head forward it needs (a :class:`_HeadJob`),
-        is sent the forward's hidden rows ``[q, H]``, returns the log-probs."""
+        is sent the forward's hidden rows ``[1, q, H]``, returns the log-probs."""
         if 0 not in self.logp_of:
             job = self._root_job()
             if job is not None:
@@ -375,8 +375,9 @@ def _host_top(values: list[list[float]], index: list[list[int]], k: int,
 class _CausalBand:
     """Inputs of a head forward of ``p`` new pairs behind ``start`` cached ones: positions
     ``[1, p]`` (``start .. start + p - 1``) and the mask ``[1, p, start + p]`` (``j <= start + i``:
-    the whole cache, then causal), as views of two buffers grown on demand. Building them took three tensor ops on
-    every step's root forward, each of which costs tens of microseconds after a target forward."""
+    the whole cache, then causal), as views of two buffers grown on demand. Building them took
+    three tensor ops on every step's root forward, each of which costs tens of microseconds
+    after a target forward."""
 
     ROWS = 16  # the most new pairs served from the buffers (a step queues its accepted path + 1)
 
